@@ -1,0 +1,10 @@
+//! kvroute-index: the hybrid cache index.
+//!
+//! Owns the engine-neutral event model, engine-identical block hashing, the per-(worker, rank,
+//! group) holders, vLLM's per-kind reuse rules and their joint fixed point, and a literal
+//! reference model the fast index is tested against.
+//! Must not: know about wire formats, sockets or HTTP.
+
+pub mod event;
+
+pub use event::*;

@@ -1,0 +1,1 @@
+//! kvroute-wire (being written).
