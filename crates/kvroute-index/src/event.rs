@@ -301,7 +301,10 @@ mod tests {
     fn a_digest_tail_reads_the_last_eight_bytes_big_endian() {
         let mut d = [0u8; 32];
         d[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
-        assert_eq!(BlockHash::from_digest_tail(&d), BlockHash(0x0102_0304_0506_0708));
+        assert_eq!(
+            BlockHash::from_digest_tail(&d),
+            BlockHash(0x0102_0304_0506_0708)
+        );
         assert_eq!(BlockHash::from_digest_tail(&[1, 2]), BlockHash(0x0102));
     }
 

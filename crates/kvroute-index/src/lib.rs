@@ -8,3 +8,16 @@
 pub mod event;
 
 pub use event::*;
+pub mod counters;
+pub mod hash;
+pub mod holder;
+pub mod index;
+pub mod layout;
+pub mod rank;
+pub mod rules;
+
+pub use hash::{BlockExtras, HashAlgo};
+pub use index::{Index, IndexStats, Prediction, Query};
+pub use layout::{GroupSpec, Layout, LookupConfig, Params};
+pub use rank::{HashMode, RankStats, WorkerConfig};
+pub mod reference;

@@ -1,0 +1,93 @@
+//! Canonical CBOR (`cbor2.dumps(obj, canonical=True)`) for the values vLLM hashes.
+//!
+//! Owns: the encoding of `PyValue` (None, ints, bytes, str, tuples as arrays) with minimal
+//! length headers, as cbor2 writes them. Ints outside the 64-bit ranges become bignums (tags 2
+//! and 3), as cbor2 does.
+//! Must not: emit maps or floats (vLLM's block hash input never contains them).
+
+use super::pickle::PyValue;
+
+fn header(out: &mut Vec<u8>, major: u8, len: u64) {
+    let m = major << 5;
+    if len < 24 {
+        out.push(m | len as u8);
+    } else if len <= 0xff {
+        out.extend_from_slice(&[m | 24, len as u8]);
+    } else if len <= 0xffff {
+        out.push(m | 25);
+        out.extend_from_slice(&(len as u16).to_be_bytes());
+    } else if len <= 0xffff_ffff {
+        out.push(m | 26);
+        out.extend_from_slice(&(len as u32).to_be_bytes());
+    } else {
+        out.push(m | 27);
+        out.extend_from_slice(&len.to_be_bytes());
+    }
+}
+
+fn encode_into(out: &mut Vec<u8>, v: &PyValue) {
+    match v {
+        PyValue::None => out.push(0xf6),
+        PyValue::Int(i) => {
+            let i = *i;
+            if i >= 0 && i <= u64::MAX as i128 {
+                header(out, 0, i as u64);
+            } else if i < 0 && (-1 - i) <= u64::MAX as i128 {
+                header(out, 1, (-1 - i) as u64);
+            } else {
+                let (tag, mag) = if i >= 0 {
+                    (0xc2, i as u128)
+                } else {
+                    (0xc3, (-1 - i) as u128)
+                };
+                let be = mag.to_be_bytes();
+                let first = be.iter().position(|b| *b != 0).unwrap_or(be.len() - 1);
+                out.push(tag);
+                header(out, 2, (be.len() - first) as u64);
+                out.extend_from_slice(&be[first..]);
+            }
+        }
+        PyValue::Bytes(b) => {
+            header(out, 2, b.len() as u64);
+            out.extend_from_slice(b);
+        }
+        PyValue::Str(s) => {
+            header(out, 3, s.len() as u64);
+            out.extend_from_slice(s.as_bytes());
+        }
+        PyValue::Tuple(items) => {
+            header(out, 4, items.len() as u64);
+            for it in items {
+                encode_into(out, it);
+            }
+        }
+    }
+}
+
+/// `cbor2.dumps(v, canonical=True)`.
+pub fn dumps(v: &PyValue) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    encode_into(&mut out, v);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_minimal() {
+        assert_eq!(dumps(&PyValue::Int(23)), vec![0x17]);
+        assert_eq!(dumps(&PyValue::Int(24)), vec![0x18, 24]);
+        assert_eq!(dumps(&PyValue::Int(-1)), vec![0x20]);
+        assert_eq!(dumps(&PyValue::Int(65536)), vec![0x1a, 0, 1, 0, 0]);
+        assert_eq!(dumps(&PyValue::None), vec![0xf6]);
+        assert_eq!(
+            dumps(&PyValue::Tuple(vec![
+                PyValue::Str("a".into()),
+                PyValue::Bytes(vec![7])
+            ])),
+            vec![0x82, 0x61, b'a', 0x41, 7]
+        );
+    }
+}

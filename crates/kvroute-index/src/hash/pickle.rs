@@ -1,0 +1,201 @@
+//! Byte-exact Python `pickle.dumps(obj, protocol=5)` for the values vLLM hashes.
+//!
+//! Owns: the subset of CPython's C pickler that block hashing reaches — `None`, ints of any
+//! width, `bytes`, `str` and tuples — including protocol-4+ framing (a new frame once one reaches
+//! 64 KiB at an object boundary; frames under 4 bytes are written unframed, as `_pickle.c`
+//! does) and MEMOIZE after every bytes, str and non-empty tuple.
+//! Invariant: `dumps(v)` equals CPython 3.8+'s output for the same value; the test suite checks
+//! it against Python itself on random inputs.
+//! Must not: memoize by value (CPython memoizes by identity, and the values here never repeat
+//! by identity; multimodal tags, which do, are not produced by the router).
+
+/// A Python value as vLLM builds it for hashing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PyValue {
+    None,
+    Int(i128),
+    Bytes(Vec<u8>),
+    Str(String),
+    Tuple(Vec<PyValue>),
+}
+
+const FRAME_SIZE_TARGET: usize = 64 * 1024;
+const FRAME_SIZE_MIN: usize = 4;
+const FRAME_HEADER: usize = 9;
+
+struct Pickler {
+    out: Vec<u8>,
+    /// Start of the open frame's header in `out`, if a frame is open.
+    frame_start: Option<usize>,
+}
+
+impl Pickler {
+    fn write(&mut self, bytes: &[u8]) {
+        if self.frame_start.is_none() {
+            self.frame_start = Some(self.out.len());
+            self.out.extend_from_slice(&[0u8; FRAME_HEADER]);
+        }
+        self.out.extend_from_slice(bytes);
+    }
+
+    fn commit_frame(&mut self) {
+        let Some(start) = self.frame_start.take() else {
+            return;
+        };
+        let len = self.out.len() - start - FRAME_HEADER;
+        if len >= FRAME_SIZE_MIN {
+            self.out[start] = 0x95;
+            self.out[start + 1..start + FRAME_HEADER].copy_from_slice(&(len as u64).to_le_bytes());
+        } else {
+            self.out.drain(start..start + FRAME_HEADER);
+        }
+    }
+
+    fn opcode_boundary(&mut self) {
+        if let Some(start) = self.frame_start {
+            if self.out.len() - start - FRAME_HEADER >= FRAME_SIZE_TARGET {
+                self.commit_frame();
+            }
+        }
+    }
+
+    fn save(&mut self, v: &PyValue) {
+        match v {
+            PyValue::None => self.write(&[b'N']),
+            PyValue::Int(i) => self.save_int(*i),
+            PyValue::Bytes(b) => {
+                if b.len() < 256 {
+                    self.write(&[b'C', b.len() as u8]);
+                } else {
+                    let mut h = vec![b'B'];
+                    h.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                    self.write(&h);
+                }
+                self.write(b);
+                self.write(&[0x94]);
+            }
+            PyValue::Str(s) => {
+                let b = s.as_bytes();
+                if b.len() < 256 {
+                    self.write(&[0x8c, b.len() as u8]);
+                } else {
+                    let mut h = vec![b'X'];
+                    h.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                    self.write(&h);
+                }
+                self.write(b);
+                self.write(&[0x94]);
+            }
+            PyValue::Tuple(items) => match items.len() {
+                0 => self.write(&[b')']),
+                n @ 1..=3 => {
+                    for it in items {
+                        self.save(it);
+                    }
+                    self.write(&[[0x85, 0x86, 0x87][n - 1], 0x94]);
+                }
+                _ => {
+                    self.write(&[b'(']);
+                    for it in items {
+                        self.save(it);
+                    }
+                    self.write(&[b't', 0x94]);
+                }
+            },
+        }
+        self.opcode_boundary();
+    }
+
+    fn save_int(&mut self, i: i128) {
+        if (0..=0xff).contains(&i) {
+            self.write(&[b'K', i as u8]);
+        } else if (0..=0xffff).contains(&i) {
+            let b = (i as u16).to_le_bytes();
+            self.write(&[b'M', b[0], b[1]]);
+        } else if i >= i32::MIN as i128 && i <= i32::MAX as i128 {
+            let mut h = vec![b'J'];
+            h.extend_from_slice(&(i as i32).to_le_bytes());
+            self.write(&h);
+        } else {
+            let enc = long_bytes(i);
+            let mut h = vec![0x8a, enc.len() as u8];
+            h.extend_from_slice(&enc);
+            self.write(&h);
+        }
+    }
+}
+
+/// Minimal two's-complement little-endian bytes of `i`, as `pickle.encode_long` writes them.
+fn long_bytes(i: i128) -> Vec<u8> {
+    let all = i.to_le_bytes();
+    let mut n = all.len();
+    // Drop redundant sign-extension bytes while the sign stays intact.
+    while n > 1 {
+        let last = all[n - 1];
+        let prev_sign = all[n - 2] & 0x80;
+        if (last == 0x00 && prev_sign == 0) || (last == 0xff && prev_sign != 0) {
+            n -= 1;
+        } else {
+            break;
+        }
+    }
+    all[..n].to_vec()
+}
+
+/// `pickle.dumps(v, protocol=5)`.
+pub fn dumps(v: &PyValue) -> Vec<u8> {
+    let mut p = Pickler {
+        out: Vec::with_capacity(64),
+        frame_start: None,
+    };
+    p.out.extend_from_slice(&[0x80, 0x05]);
+    p.save(v);
+    p.write(b".");
+    p.commit_frame();
+    p.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_block_pickles_like_cpython() {
+        // python3 -c "import pickle; print(pickle.dumps((b'\x01'*3,(1,300,70000,-5,2**40),(('cache_salt','x'),)),protocol=5).hex())"
+        let v = PyValue::Tuple(vec![
+            PyValue::Bytes(vec![1, 1, 1]),
+            PyValue::Tuple(vec![
+                PyValue::Int(1),
+                PyValue::Int(300),
+                PyValue::Int(70000),
+                PyValue::Int(-5),
+                PyValue::Int(1 << 40),
+            ]),
+            PyValue::Tuple(vec![PyValue::Tuple(vec![
+                PyValue::Str("cache_salt".into()),
+                PyValue::Str("x".into()),
+            ])]),
+        ]);
+        let hex: String = dumps(&v).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            concat!(
+                "8005953800000000000000430301010194284b014d2c014a701101004afbffffff",
+                "8a0600000000000174948c0a63616368655f73616c74948c0178948694859487942e"
+            )
+        );
+    }
+
+    #[test]
+    fn long_ints_use_minimal_twos_complement() {
+        assert_eq!(long_bytes(1 << 31), vec![0, 0, 0, 0x80, 0]);
+        assert_eq!(
+            long_bytes(-(1 << 31) - 1),
+            vec![0xff, 0xff, 0xff, 0x7f, 0xff]
+        );
+        assert_eq!(
+            long_bytes(u32::MAX as i128),
+            vec![0xff, 0xff, 0xff, 0xff, 0]
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! Group layouts learned from stores, and the lookup parameters vLLM derives from them.
+//!
+//! Owns: per (worker, rank) the map group → (kind, window, block sizes seen), and the derived
+//! `Params`: hash block size `H`, alignment `A`, whether fine-grained (partial) hits apply, and
+//! the coordinator's lookup order (full-attention kinds first, identical specs together).
+//! Invariants: a group's kind and window never change in place (a change is reported so the
+//! caller clears the rank); `block_size` is the largest size seen for the group, a smaller one
+//! (a partial entry at the hash block size) is kept as `partial_size`.
+//! Must not: hold any cached blocks.
+
+use crate::event::{CacheKind, Rule};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GroupSpec {
+    pub kind: CacheKind,
+    pub window: Option<u32>,
+    pub block_size: u32,
+    /// A smaller block size seen on this group's stores (partial entries at `H`).
+    pub partial_size: Option<u32>,
+}
+
+impl GroupSpec {
+    pub fn rule(&self) -> Rule {
+        self.kind.rule()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learned {
+    Known,
+    NewGroup,
+    /// The group's kind or window differs from what was learned: the layout changed.
+    Changed,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    pub groups: BTreeMap<u32, GroupSpec>,
+}
+
+impl Layout {
+    pub fn learn(
+        &mut self,
+        group: u32,
+        kind: &CacheKind,
+        window: Option<u32>,
+        block_size: u32,
+    ) -> Learned {
+        match self.groups.get_mut(&group) {
+            None => {
+                self.groups.insert(
+                    group,
+                    GroupSpec {
+                        kind: kind.clone(),
+                        window,
+                        block_size,
+                        partial_size: None,
+                    },
+                );
+                Learned::NewGroup
+            }
+            Some(g) if g.kind != *kind || g.window != window => Learned::Changed,
+            Some(g) => {
+                if block_size > g.block_size {
+                    let old = g.block_size;
+                    g.block_size = block_size;
+                    g.partial_size = Some(g.partial_size.map_or(old, |p| p.min(old)));
+                } else if block_size < g.block_size {
+                    g.partial_size = Some(g.partial_size.map_or(block_size, |p| p.min(block_size)));
+                }
+                Learned::Known
+            }
+        }
+    }
+
+    pub fn contains(&self, group: u32) -> bool {
+        self.groups.contains_key(&group)
+    }
+}
+
+/// Per-worker knobs that the events do not carry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct LookupConfig {
+    /// vLLM's hash block size (`--prefix-match-unit`); derived from the layout when absent.
+    pub hash_block_size: Option<u32>,
+    /// Chunk size of chunked local attention groups (e.g. 8192 for Llama 4).
+    pub chunk_size: Option<u32>,
+}
+
+/// The lookup parameters of one (worker, rank), derived like vLLM's coordinator does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Params {
+    pub hash_block: u32,
+    pub align: u32,
+    pub fine_grained: bool,
+    pub unitary: bool,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Layout {
+    /// `None` when no group is prefix-cacheable (nothing can hit).
+    pub fn params(&self, cfg: &LookupConfig) -> Option<Params> {
+        let cacheable: Vec<&GroupSpec> = self
+            .groups
+            .values()
+            .filter(|g| g.rule() != Rule::NotCacheable && g.block_size > 0)
+            .collect();
+        if cacheable.is_empty() {
+            return None;
+        }
+        let unitary = self.groups.len() == 1;
+        let derived = match cacheable.iter().filter_map(|g| g.partial_size).min() {
+            Some(p) => p as u64,
+            None => cacheable
+                .iter()
+                .fold(0u64, |acc, g| gcd(acc, g.block_size as u64)),
+        };
+        let h = cfg.hash_block_size.map(u64::from).unwrap_or(derived).max(1);
+        let fine_grained = !unitary
+            && cacheable
+                .iter()
+                .any(|g| g.rule() == Rule::Mamba && g.block_size as u64 > h)
+            && cacheable.iter().all(|g| {
+                matches!(g.rule(), Rule::FullAttention | Rule::Mamba) || g.block_size as u64 == h
+            });
+        let align = if unitary {
+            cacheable[0].block_size as u64
+        } else if fine_grained {
+            h
+        } else {
+            self.groups
+                .values()
+                .filter(|g| g.block_size > 0)
+                .fold(1u64, |acc, g| {
+                    acc / gcd(acc, g.block_size as u64) * g.block_size as u64
+                })
+        };
+        Some(Params {
+            hash_block: u32::try_from(h).ok()?,
+            align: u32::try_from(align).ok()?,
+            fine_grained,
+            unitary,
+        })
+    }
+
+    /// The coordinator's lookups: sets of groups with an identical spec, full-attention kinds
+    /// first, then the rest in group order. Non-cacheable groups are left out.
+    pub fn lookups(&self) -> Vec<(GroupSpec, Vec<u32>)> {
+        let mut out: Vec<(GroupSpec, Vec<u32>)> = Vec::new();
+        let mut ordered: Vec<(&u32, &GroupSpec)> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.rule() != Rule::NotCacheable && g.block_size > 0)
+            .collect();
+        ordered.sort_by_key(|(id, g)| (g.rule() != Rule::FullAttention, **id));
+        for (id, g) in ordered {
+            let same = |s: &GroupSpec| {
+                s.kind == g.kind && s.window == g.window && s.block_size == g.block_size
+            };
+            match out.iter_mut().find(|(s, _)| same(s)) {
+                Some((_, ids)) => ids.push(*id),
+                None => out.push((g.clone(), vec![*id])),
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: &str, window: Option<u32>, b: u32) -> GroupSpec {
+        GroupSpec {
+            kind: CacheKind::parse(kind),
+            window,
+            block_size: b,
+            partial_size: None,
+        }
+    }
+
+    #[test]
+    fn gemma3_layout_aligns_to_its_one_block_size() {
+        let mut l = Layout::default();
+        for g in 0..3 {
+            l.groups.insert(g, spec("sliding_window", Some(64), 32));
+        }
+        l.groups.insert(3, spec("full_attention", None, 32));
+        let p = l.params(&LookupConfig::default()).unwrap();
+        assert_eq!(
+            (p.hash_block, p.align, p.fine_grained, p.unitary),
+            (32, 32, false, false)
+        );
+        let lookups = l.lookups();
+        assert_eq!(lookups.len(), 2);
+        assert_eq!(lookups[0].1, vec![3]);
+        assert_eq!(lookups[1].1, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_mamba_hybrid_with_a_smaller_match_unit_uses_fine_grained_hits() {
+        let mut l = Layout::default();
+        l.groups.insert(0, spec("mamba", None, 528));
+        l.groups.insert(1, spec("full_attention", None, 528));
+        let cfg = LookupConfig {
+            hash_block_size: Some(16),
+            chunk_size: None,
+        };
+        let p = l.params(&cfg).unwrap();
+        assert_eq!((p.hash_block, p.align, p.fine_grained), (16, 16, true));
+        let p = l.params(&LookupConfig::default()).unwrap();
+        assert_eq!((p.hash_block, p.align, p.fine_grained), (528, 528, false));
+    }
+
+    #[test]
+    fn a_kind_change_is_reported_and_a_smaller_block_is_a_partial_size() {
+        let mut l = Layout::default();
+        assert_eq!(
+            l.learn(0, &CacheKind::FullAttention, None, 64),
+            Learned::NewGroup
+        );
+        assert_eq!(
+            l.learn(0, &CacheKind::FullAttention, None, 16),
+            Learned::Known
+        );
+        assert_eq!(l.groups[&0].partial_size, Some(16));
+        assert_eq!(l.learn(0, &CacheKind::Mamba, None, 64), Learned::Changed);
+    }
+}

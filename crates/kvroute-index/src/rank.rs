@@ -1,0 +1,414 @@
+//! The cache state of one (worker, dp_rank): its learned layout and one holder per group.
+//!
+//! Owns: applying one normalized event to one rank (stores, removals, clears; device tier vs
+//! offload tiers; layout learning and layout changes; content-key placement; the live hash
+//! check) and the per-rank statistics.
+//! Invariants: only device-tier blocks reach the group holders; a removal takes one copy; a
+//! clear empties every device group but keeps the layout; a kind change clears the rank first.
+//! Must not: lock anything (the index serializes access per rank) or predict.
+
+use crate::counters::{Counter, Counters};
+use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Stored};
+use crate::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
+use crate::holder::{MixBuild, Multiset};
+use crate::layout::{Layout, Learned, LookupConfig, Params};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+/// How the router keys blocks for one worker.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum HashMode {
+    /// Reproduce the engine's own hash (vLLM sha256 / sha256_cbor with a known seed).
+    Engine { algo: HashAlgo, seed: String },
+    /// The router's own content keys, learned from dense stores (SGLang; xxhash engines).
+    ContentKey,
+}
+
+impl Default for HashMode {
+    fn default() -> Self {
+        HashMode::Engine {
+            algo: HashAlgo::Sha256,
+            seed: hash::DEFAULT_SEED.to_string(),
+        }
+    }
+}
+
+/// Per-worker settings the events do not carry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerConfig {
+    pub hash: HashMode,
+    pub lookup: LookupConfig,
+    /// Recompute reproducible stores and count matches and mismatches.
+    pub verify_hashes: bool,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            hash: HashMode::default(),
+            lookup: LookupConfig::default(),
+            verify_hashes: true,
+        }
+    }
+}
+
+/// Per-rank statistics (exposed per worker by the gateway).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RankStats {
+    pub stores: u64,
+    pub removals: u64,
+    pub clears: u64,
+    pub layout_changes: u64,
+    pub hash_matched: u64,
+    pub hash_mismatched: u64,
+    pub hash_unverifiable: u64,
+    pub content_unplaceable: u64,
+}
+
+#[derive(Default, Clone, Debug)]
+pub(crate) struct GroupState {
+    pub holder: Multiset,
+    /// Content-key mode: engine hash → (content key, copies).
+    pub content: HashMap<u64, (u64, u32), MixBuild>,
+}
+
+const DIGEST_CACHE_MAX: usize = 65_536;
+
+pub struct RankState {
+    pub(crate) config: WorkerConfig,
+    pub(crate) hasher: Option<BlockHasher>,
+    pub layout: Layout,
+    pub(crate) groups: BTreeMap<u32, GroupState>,
+    pub(crate) offload: BTreeMap<String, Multiset>,
+    /// Full digests of blocks the router recomputed, by 64-bit value (parents for the check).
+    digests: HashMap<u64, Digest, MixBuild>,
+    pub stats: RankStats,
+    /// Set by the intake while the rank's event stream has an unfilled gap.
+    pub degraded: bool,
+}
+
+impl RankState {
+    pub fn new(config: WorkerConfig) -> RankState {
+        let hasher = match &config.hash {
+            HashMode::Engine { algo, seed } => Some(BlockHasher::new(*algo, seed)),
+            HashMode::ContentKey => None,
+        };
+        RankState {
+            config,
+            hasher,
+            layout: Layout::default(),
+            groups: BTreeMap::new(),
+            offload: BTreeMap::new(),
+            digests: HashMap::default(),
+            stats: RankStats::default(),
+            degraded: false,
+        }
+    }
+
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    pub fn params(&self) -> Option<Params> {
+        self.layout.params(&self.config.lookup)
+    }
+
+    /// Empties every device group (the layout stays known).
+    pub fn clear(&mut self) {
+        for g in self.groups.values_mut() {
+            g.holder.clear();
+            g.content.clear();
+        }
+        self.digests.clear();
+    }
+
+    /// Forgets everything, layout included.
+    pub fn reset(&mut self) {
+        self.groups.clear();
+        self.layout = Layout::default();
+        self.digests.clear();
+    }
+
+    pub fn store(&mut self, ev: &Stored, counters: &Counters) {
+        counters.add(Counter::StoreEvents, 1);
+        self.stats.stores += 1;
+        if !is_device_medium(ev.medium.as_deref()) {
+            let tier = self
+                .offload
+                .entry(ev.medium.clone().unwrap_or_default())
+                .or_default();
+            for h in &ev.hashes {
+                tier.insert(h.value.0);
+            }
+            counters.add(Counter::OffloadBlocksStored, ev.hashes.len() as u64);
+            return;
+        }
+        if ev.block_size == 0 {
+            counters.add(Counter::ZeroBlockSize, 1);
+            return;
+        }
+        let group = ev.group.unwrap_or(0);
+        let kind = match (&ev.kind, ev.group) {
+            (Some(k), _) => k.clone(),
+            (None, None) => CacheKind::FullAttention,
+            (None, Some(_)) => {
+                counters.add(Counter::KindAbsent, 1);
+                CacheKind::FullAttention
+            }
+        };
+        if self
+            .layout
+            .learn(group, &kind, ev.sliding_window, ev.block_size)
+            == Learned::Changed
+        {
+            counters.add(Counter::LayoutChanges, 1);
+            self.stats.layout_changes += 1;
+            self.reset();
+            self.layout
+                .learn(group, &kind, ev.sliding_window, ev.block_size);
+        }
+        match self.config.hash {
+            HashMode::Engine { .. } => {
+                let g = self.groups.entry(group).or_default();
+                for h in &ev.hashes {
+                    g.holder.insert(h.value.0);
+                }
+                counters.add(Counter::BlocksStored, ev.hashes.len() as u64);
+                if self.config.verify_hashes {
+                    self.check_hashes(ev, counters);
+                }
+            }
+            HashMode::ContentKey => self.store_content(group, ev, counters),
+        }
+    }
+
+    pub fn remove(&mut self, ev: &Removed, counters: &Counters) {
+        counters.add(Counter::RemoveEvents, 1);
+        self.stats.removals += 1;
+        if !is_device_medium(ev.medium.as_deref()) {
+            if let Some(tier) = self
+                .offload
+                .get_mut(ev.medium.as_deref().unwrap_or_default())
+            {
+                for h in &ev.hashes {
+                    tier.remove(h.value.0);
+                }
+            }
+            counters.add(Counter::OffloadBlocksRemoved, ev.hashes.len() as u64);
+            return;
+        }
+        let group = ev.group.unwrap_or(0);
+        if !self.layout.contains(group) {
+            counters.add(Counter::RemovedUnknownGroup, 1);
+            return;
+        }
+        let content_mode = self.config.hash == HashMode::ContentKey;
+        let g = self.groups.entry(group).or_default();
+        for h in &ev.hashes {
+            let key = if content_mode {
+                match g.content.get_mut(&h.value.0) {
+                    Some((key, copies)) => {
+                        let key = *key;
+                        *copies -= 1;
+                        if *copies == 0 {
+                            g.content.remove(&h.value.0);
+                        }
+                        Some(key)
+                    }
+                    None => None,
+                }
+            } else {
+                Some(h.value.0)
+            };
+            match key {
+                Some(k) if g.holder.remove(k) => counters.add(Counter::BlocksRemoved, 1),
+                _ => counters.add(Counter::RemovedUnknownHash, 1),
+            }
+        }
+    }
+
+    /// Content-key mode: place a store's blocks by the router's own chained keys.
+    fn store_content(&mut self, group: u32, ev: &Stored, counters: &Counters) {
+        let h = self.params().map_or(ev.block_size, |p| p.hash_block).max(1) as usize;
+        let b = ev.block_size as usize;
+        let dense =
+            !ev.hashes.is_empty() && ev.hashes.len() * b == ev.token_ids.len() && b % h == 0;
+        let parent_key = match &ev.parent {
+            None => Some(None),
+            Some(p) => self.lookup_content(group, p.value.0).map(Some),
+        };
+        let mut placed = 0u64;
+        let mut unplaceable = 0u64;
+        let mut keys: Vec<Option<u64>> = Vec::with_capacity(ev.hashes.len());
+        match (dense, parent_key) {
+            (true, Some(mut parent)) => {
+                let lora = ev.lora_name.as_deref();
+                for (i, block) in ev.token_ids.chunks_exact(b).enumerate() {
+                    let salt = if i == 0 && ev.parent.is_none() {
+                        first_salt(ev)
+                    } else {
+                        None
+                    };
+                    for (j, sub) in block.chunks_exact(h).enumerate() {
+                        let s = if j == 0 { salt.as_deref() } else { None };
+                        parent = Some(hash::content_key(parent, sub, s, lora));
+                    }
+                    keys.push(parent);
+                }
+            }
+            _ => {
+                for hsh in &ev.hashes {
+                    keys.push(self.lookup_content(group, hsh.value.0));
+                }
+            }
+        }
+        let g = self.groups.entry(group).or_default();
+        for (hsh, key) in ev.hashes.iter().zip(keys) {
+            match key {
+                Some(k) => {
+                    g.holder.insert(k);
+                    g.content.entry(hsh.value.0).or_insert((k, 0)).1 += 1;
+                    placed += 1;
+                }
+                None => unplaceable += 1,
+            }
+        }
+        counters.add(Counter::BlocksStored, placed);
+        if unplaceable > 0 {
+            counters.add(Counter::ContentUnplaceable, unplaceable);
+            self.stats.content_unplaceable += unplaceable;
+        }
+    }
+
+    fn lookup_content(&self, group: u32, engine_hash: u64) -> Option<u64> {
+        if let Some((k, _)) = self
+            .groups
+            .get(&group)
+            .and_then(|g| g.content.get(&engine_hash))
+        {
+            return Some(*k);
+        }
+        self.groups
+            .values()
+            .find_map(|g| g.content.get(&engine_hash).map(|(k, _)| *k))
+    }
+
+    /// The live hash check: recompute a reproducible store and compare.
+    fn check_hashes(&mut self, ev: &Stored, counters: &Counters) {
+        let Some(hasher) = &self.hasher else { return };
+        let Some(params) = self.layout.params(&self.config.lookup) else {
+            return;
+        };
+        let h = params.hash_block as usize;
+        let reproducible_extras = ev.lora_name.is_none()
+            && match &ev.extra_keys {
+                None => true,
+                Some(keys) => keys.iter().enumerate().all(|(i, k)| {
+                    k.is_none() || (i == 0 && ev.parent.is_none() && first_salt(ev).is_some())
+                }),
+            };
+        let dense = ev.block_size as usize == h
+            && !ev.hashes.is_empty()
+            && ev.hashes.len() * h == ev.token_ids.len();
+        let parent: Option<Option<Digest>> = match &ev.parent {
+            None => Some(None),
+            Some(p) => match &p.raw {
+                Some(raw) if raw.len() == 32 => {
+                    let mut d = [0u8; 32];
+                    d.copy_from_slice(raw);
+                    Some(Some(d))
+                }
+                _ => self.digests.get(&p.value.0).map(|d| Some(*d)),
+            },
+        };
+        let (true, true, Some(mut parent)) = (dense, reproducible_extras, parent) else {
+            counters.add(Counter::HashCheckUnverifiable, 1);
+            self.stats.hash_unverifiable += 1;
+            return;
+        };
+        let extras = BlockExtras {
+            cache_salt: if ev.parent.is_none() {
+                first_salt(ev)
+            } else {
+                None
+            },
+            lora: None,
+        };
+        let mut ok = true;
+        let mut computed = Vec::with_capacity(ev.hashes.len());
+        for (i, (block, got)) in ev.token_ids.chunks_exact(h).zip(&ev.hashes).enumerate() {
+            let idx = if ev.parent.is_none() { i } else { i + 1 };
+            let d = hasher.hash_block(parent.as_ref(), block, &extras, idx);
+            let matches = match &got.raw {
+                Some(raw) => raw.as_ref() == d.as_slice() || hash::external(&d) == got.value,
+                None => hash::external(&d) == got.value,
+            };
+            ok &= matches;
+            computed.push((got.value.0, d));
+            parent = Some(d);
+        }
+        if ok {
+            if self.digests.len() + computed.len() > DIGEST_CACHE_MAX {
+                self.digests.clear();
+            }
+            self.digests.extend(computed);
+            counters.add(Counter::HashCheckMatched, 1);
+            self.stats.hash_matched += 1;
+        } else {
+            counters.add(Counter::HashCheckMismatched, 1);
+            self.stats.hash_mismatched += 1;
+        }
+    }
+
+    /// Remembers the digests of a request the router hashed, so later stores chained on them
+    /// can be checked.
+    pub fn remember_digests(&mut self, digests: &[Digest]) {
+        if self.digests.len() + digests.len() > DIGEST_CACHE_MAX {
+            self.digests.clear();
+        }
+        for d in digests {
+            self.digests.insert(hash::external(d).0, *d);
+        }
+    }
+
+    /// (group, hash, copies) of every device block, sorted: the state compared in tests.
+    pub fn contents(&self) -> BTreeMap<u32, BTreeMap<u64, u32>> {
+        self.groups
+            .iter()
+            .map(|(g, s)| (*g, s.holder.iter().collect::<BTreeMap<u64, u32>>()))
+            .filter(|(_, m)| !m.is_empty())
+            .collect()
+    }
+
+    pub fn offload_blocks(&self) -> BTreeMap<String, u64> {
+        self.offload
+            .iter()
+            .map(|(k, v)| (k.clone(), v.total()))
+            .collect()
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.groups
+            .values()
+            .map(|g| g.holder.heap_bytes() + g.content.capacity() * 25)
+            .sum::<usize>()
+            + self.digests.capacity() * 41
+    }
+
+    pub(crate) fn block_copies(&self) -> u64 {
+        self.groups.values().map(|g| g.holder.total()).sum()
+    }
+}
+
+/// The salt an engine published for a request's first block (untagged).
+fn first_salt(ev: &Stored) -> Option<String> {
+    match ev.extra_keys.as_ref()?.first()?.as_ref()? {
+        KeyValue::Str(s) => Some(s.clone()),
+        KeyValue::List(items) => items.iter().find_map(|k| match k {
+            KeyValue::Str(s) => Some(s.clone()),
+            _ => None,
+        }),
+        _ => None,
+    }
+}

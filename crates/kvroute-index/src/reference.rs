@@ -1,0 +1,388 @@
+//! The literal reference model the fast index is tested against.
+//!
+//! Owns: per (worker, rank, group) a plain `Vec` of hashes used as a multiset, and vLLM's hit
+//! procedure written as the engine writes it: each manager's scan as a plain loop
+//! (`find_longest_cache_hit`), and the hybrid coordinator's passes over lookups with identical
+//! specs merged, full-attention kinds first, full attention computed once then trimmed.
+//! Invariant: obviously correct before fast — no early exits beyond the engine's own, no shared
+//! code with `rules` or `holder`.
+//! Must not: be used on a hot path (every operation is linear).
+
+use crate::event::{is_device_medium, CacheKind, Event, Rule, WorkerId};
+use crate::hash::{self, BlockHasher};
+use crate::index::Query;
+use crate::layout::{GroupSpec, Layout, Learned, Params};
+use crate::rank::{HashMode, WorkerConfig};
+use std::collections::BTreeMap;
+
+#[derive(Default, Clone)]
+struct RefRank {
+    layout: Layout,
+    blocks: BTreeMap<u32, Vec<u64>>,
+}
+
+#[derive(Default)]
+pub struct Reference {
+    ranks: BTreeMap<(WorkerId, u32), RefRank>,
+    configs: BTreeMap<WorkerId, WorkerConfig>,
+    default_config: WorkerConfig,
+}
+
+impl Reference {
+    pub fn with_default(config: WorkerConfig) -> Reference {
+        Reference {
+            default_config: config,
+            ..Reference::default()
+        }
+    }
+
+    pub fn configure_worker(&mut self, worker: &WorkerId, config: WorkerConfig) {
+        self.configs.insert(worker.clone(), config);
+    }
+
+    fn config(&self, worker: &WorkerId) -> WorkerConfig {
+        self.configs
+            .get(worker)
+            .cloned()
+            .unwrap_or_else(|| self.default_config.clone())
+    }
+
+    pub fn remove_worker(&mut self, worker: &WorkerId) {
+        let keys: Vec<_> = self
+            .ranks
+            .keys()
+            .filter(|(w, _)| w == worker)
+            .cloned()
+            .collect();
+        for k in keys {
+            self.ranks.remove(&k);
+        }
+        self.configs.remove(worker);
+    }
+
+    /// Engine-mode events only (content-key mode is tested separately).
+    pub fn apply(&mut self, ev: &Event) {
+        let key = (ev.worker().clone(), ev.dp_rank());
+        let rank = self.ranks.entry(key).or_default();
+        match ev {
+            Event::Stored(s) => {
+                if !is_device_medium(s.medium.as_deref()) || s.block_size == 0 {
+                    return;
+                }
+                let group = s.group.unwrap_or(0);
+                let kind = s.kind.clone().unwrap_or(CacheKind::FullAttention);
+                if rank
+                    .layout
+                    .learn(group, &kind, s.sliding_window, s.block_size)
+                    == Learned::Changed
+                {
+                    *rank = RefRank::default();
+                    rank.layout
+                        .learn(group, &kind, s.sliding_window, s.block_size);
+                }
+                let held = rank.blocks.entry(group).or_default();
+                for h in &s.hashes {
+                    held.push(h.value.0);
+                }
+            }
+            Event::Removed(r) => {
+                if !is_device_medium(r.medium.as_deref()) {
+                    return;
+                }
+                let group = r.group.unwrap_or(0);
+                if !rank.layout.contains(group) {
+                    return;
+                }
+                let held = rank.blocks.entry(group).or_default();
+                for h in &r.hashes {
+                    if let Some(pos) = held.iter().position(|x| *x == h.value.0) {
+                        held.remove(pos);
+                    }
+                }
+            }
+            Event::Cleared(_) => {
+                for held in rank.blocks.values_mut() {
+                    held.clear();
+                }
+            }
+        }
+    }
+
+    pub fn contents(&self) -> BTreeMap<(WorkerId, u32), BTreeMap<u32, BTreeMap<u64, u32>>> {
+        let mut out = BTreeMap::new();
+        for (k, r) in &self.ranks {
+            let mut groups = BTreeMap::new();
+            for (g, held) in &r.blocks {
+                let mut m: BTreeMap<u64, u32> = BTreeMap::new();
+                for h in held {
+                    *m.entry(*h).or_insert(0) += 1;
+                }
+                if !m.is_empty() {
+                    groups.insert(*g, m);
+                }
+            }
+            if !groups.is_empty() {
+                out.insert(k.clone(), groups);
+            }
+        }
+        out
+    }
+
+    /// (cached, group_blind) for a request on one (worker, rank).
+    pub fn predict(&self, worker: &WorkerId, dp_rank: u32, q: &Query) -> (u64, u64) {
+        let Some(rank) = self.ranks.get(&(worker.clone(), dp_rank)) else {
+            return (0, 0);
+        };
+        let cfg = self.config(worker);
+        let Some(p) = rank.layout.params(&cfg.lookup) else {
+            return (0, 0);
+        };
+        let HashMode::Engine { algo, seed } = &cfg.hash else {
+            return (0, 0);
+        };
+        if q.tokens.is_empty() {
+            return (0, 0);
+        }
+        let max_len = q.tokens.len() as u64 - 1;
+        let hashes: Vec<u64> = BlockHasher::new(*algo, seed)
+            .chain(
+                &q.tokens[..max_len as usize],
+                p.hash_block as usize,
+                &q.extras,
+            )
+            .iter()
+            .map(|d| hash::external(d).0)
+            .collect();
+        let ctx = Ctx {
+            rank,
+            hashes: &hashes,
+            p: &p,
+            chunk: cfg.lookup.chunk_size,
+        };
+        let lookups = ctx.lookups(false);
+        let cached = if q.skip_prefix_cache {
+            0
+        } else {
+            ctx.coordinate(&lookups, max_len)
+        };
+        let full_only = ctx.lookups(true);
+        let blind = if full_only.is_empty() {
+            match ctx.lookups(false).first() {
+                Some((spec, ids)) => {
+                    let as_full = GroupSpec {
+                        kind: CacheKind::FullAttention,
+                        ..spec.clone()
+                    };
+                    ctx.full(&as_full, &ids[..1], max_len)
+                }
+                None => 0,
+            }
+        } else {
+            ctx.coordinate(&full_only, max_len)
+        };
+        (cached, blind)
+    }
+}
+
+struct Ctx<'a> {
+    rank: &'a RefRank,
+    hashes: &'a [u64],
+    p: &'a Params,
+    chunk: Option<u32>,
+}
+
+impl Ctx<'_> {
+    /// Lookups in coordinator order: identical specs merged, full-attention kinds first.
+    fn lookups(&self, full_only: bool) -> Vec<(GroupSpec, Vec<u32>)> {
+        let mut out: Vec<(GroupSpec, Vec<u32>)> = Vec::new();
+        for pass_full in [true, false] {
+            for (id, spec) in &self.rank.layout.groups {
+                let rule = spec.rule();
+                if rule == Rule::NotCacheable || (rule == Rule::FullAttention) != pass_full {
+                    continue;
+                }
+                if full_only && rule != Rule::FullAttention {
+                    continue;
+                }
+                let mut merged = false;
+                for (s, ids) in out.iter_mut() {
+                    if s.kind == spec.kind
+                        && s.window == spec.window
+                        && s.block_size == spec.block_size
+                    {
+                        ids.push(*id);
+                        merged = true;
+                    }
+                }
+                if !merged {
+                    out.push((spec.clone(), vec![*id]));
+                }
+            }
+        }
+        out
+    }
+
+    fn k(&self, spec: &GroupSpec) -> usize {
+        (spec.block_size / self.p.hash_block) as usize
+    }
+
+    /// Is hash index `idx` of the request cached in every group of the lookup?
+    fn cached(&self, groups: &[u32], idx: usize) -> bool {
+        if idx >= self.hashes.len() {
+            return false;
+        }
+        let h = self.hashes[idx];
+        groups.iter().all(|g| {
+            self.rank
+                .blocks
+                .get(g)
+                .is_some_and(|held| held.contains(&h))
+        })
+    }
+
+    fn block_cached(&self, spec: &GroupSpec, groups: &[u32], i: usize) -> bool {
+        let k = self.k(spec);
+        self.cached(groups, (i + 1) * k - 1)
+    }
+
+    fn coordinate(&self, lookups: &[(GroupSpec, Vec<u32>)], max_len: u64) -> u64 {
+        for (spec, _) in lookups {
+            if spec.block_size % self.p.hash_block != 0 {
+                return 0;
+            }
+        }
+        let mut full_hit: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut hit_length = max_len;
+        loop {
+            let before = hit_length;
+            for (i, (spec, groups)) in lookups.iter().enumerate() {
+                let hit = match spec.rule() {
+                    Rule::FullAttention => match full_hit.get(&i) {
+                        Some(first) => (*first).min(hit_length),
+                        None => {
+                            let h = self.full(spec, groups, hit_length);
+                            full_hit.insert(i, h);
+                            h
+                        }
+                    },
+                    Rule::SlidingWindow => self.sliding_window(spec, groups, hit_length),
+                    Rule::ChunkedLocal => self.chunked_local(spec, groups, hit_length),
+                    Rule::Mamba => self.mamba(spec, groups, hit_length),
+                    Rule::NotCacheable => hit_length,
+                };
+                hit_length = hit;
+            }
+            if hit_length == before {
+                return hit_length;
+            }
+        }
+    }
+
+    fn align(&self) -> u64 {
+        self.p.align as u64
+    }
+
+    fn full(&self, spec: &GroupSpec, groups: &[u32], max_length: u64) -> u64 {
+        let b = spec.block_size as u64;
+        let max_num_blocks = (max_length / b) as usize;
+        let mut computed = 0usize;
+        for i in 0..max_num_blocks {
+            if self.block_cached(spec, groups, i) {
+                computed += 1;
+            } else {
+                break;
+            }
+        }
+        if !self.p.fine_grained {
+            while computed > 0 && (computed as u64 * b) % self.align() != 0 {
+                computed -= 1;
+            }
+            return computed as u64 * b;
+        }
+        let mut hit = computed as u64 * b;
+        let k = self.k(spec);
+        let h = self.p.hash_block as u64;
+        let mut j = k - 1;
+        while j >= 1 {
+            let pos = hit + j as u64 * h;
+            if pos <= max_length && self.cached(groups, computed * k + j - 1) {
+                hit = pos;
+                break;
+            }
+            j -= 1;
+        }
+        hit
+    }
+
+    fn sliding_window(&self, spec: &GroupSpec, groups: &[u32], max_length: u64) -> u64 {
+        let b = spec.block_size as u64;
+        let a = self.align();
+        let window = spec.window.unwrap_or(2).max(2) as u64;
+        let contiguous_needed = (window - 1).div_ceil(b).max(1);
+        let max_num_blocks = (max_length / b) as i64;
+        let mut num_contiguous = 0u64;
+        let mut i = max_num_blocks - 1;
+        while i >= 0 {
+            if self.block_cached(spec, groups, i as usize) {
+                if num_contiguous == 0 && b != a && ((i as u64 + 1) * b) % a != 0 {
+                    i -= 1;
+                    continue;
+                }
+                num_contiguous += 1;
+                if num_contiguous >= contiguous_needed {
+                    return (i as u64 + num_contiguous) * b;
+                }
+            } else {
+                num_contiguous = 0;
+            }
+            i -= 1;
+        }
+        let mut blocks = num_contiguous;
+        while b != a && (blocks * b) % a != 0 {
+            blocks -= 1;
+        }
+        blocks * b
+    }
+
+    fn chunked_local(&self, spec: &GroupSpec, groups: &[u32], max_length: u64) -> u64 {
+        let b = spec.block_size as u64;
+        let start = match self.chunk {
+            Some(c) if c > 0 => max_length / c as u64 * c as u64,
+            _ => 0,
+        };
+        let start_block = (start / b) as usize;
+        let max_num_blocks = (max_length / b) as usize;
+        let mut computed = start_block;
+        for i in start_block..max_num_blocks {
+            if self.block_cached(spec, groups, i) {
+                computed += 1;
+            } else {
+                break;
+            }
+        }
+        let hit = computed as u64 * b;
+        hit - hit % self.align()
+    }
+
+    fn mamba(&self, spec: &GroupSpec, groups: &[u32], max_length: u64) -> u64 {
+        let a = self.align();
+        let (unit, k) = if self.p.fine_grained {
+            (self.p.hash_block as u64, 1usize)
+        } else {
+            (spec.block_size as u64, self.k(spec))
+        };
+        let max_num = (max_length / unit) as i64;
+        let mut i = max_num - 1;
+        while i >= 0 {
+            if self.cached(groups, (i as usize + 1) * k - 1) {
+                if unit != a && ((i as u64 + 1) * unit) % a != 0 {
+                    i -= 1;
+                    continue;
+                }
+                return (i as u64 + 1) * unit;
+            }
+            i -= 1;
+        }
+        0
+    }
+}

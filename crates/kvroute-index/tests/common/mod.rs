@@ -1,0 +1,61 @@
+//! Helpers shared by the index's integration tests: events built from real token chains.
+#![allow(dead_code)]
+
+use kvroute_index::event::{CacheKind, EngineHash, Event, Removed, Stored};
+use kvroute_index::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
+use kvroute_index::BlockExtras;
+
+/// The 64-bit chain of `tokens` at hash block `h` (default sha256 settings).
+pub fn chain(tokens: &[u32], h: usize) -> Vec<u64> {
+    BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED)
+        .chain(tokens, h, &BlockExtras::default())
+        .iter()
+        .map(|d| external(d).0)
+        .collect()
+}
+
+pub fn tokens(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| seed.wrapping_mul(7919).wrapping_add(i * 31) % 50_000)
+        .collect()
+}
+
+pub fn store(
+    worker: &str,
+    group: u32,
+    kind: &str,
+    window: Option<u32>,
+    block: u32,
+    hashes: &[u64],
+) -> Event {
+    Event::Stored(Stored {
+        worker: worker.into(),
+        dp_rank: 0,
+        medium: Some("GPU".into()),
+        group: Some(group),
+        kind: Some(CacheKind::parse(kind)),
+        sliding_window: window,
+        block_size: block,
+        parent: None,
+        hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
+        token_ids: Vec::new(),
+        extra_keys: None,
+        lora_id: None,
+        lora_name: None,
+    })
+}
+
+pub fn remove(worker: &str, group: u32, hashes: &[u64]) -> Event {
+    Event::Removed(Removed {
+        worker: worker.into(),
+        dp_rank: 0,
+        medium: Some("GPU".into()),
+        group: Some(group),
+        hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
+    })
+}
+
+/// Block hashes of a group whose block is `k` hash blocks, for block indices `blocks`.
+pub fn group_blocks(chain: &[u64], k: usize, blocks: impl IntoIterator<Item = usize>) -> Vec<u64> {
+    blocks.into_iter().map(|i| chain[(i + 1) * k - 1]).collect()
+}

@@ -1,0 +1,270 @@
+//! Property tests: on random event streams the fast index equals the literal reference model,
+//! in content and in every prediction.
+
+mod common;
+use common::chain;
+use kvroute_index::event::{CacheKind, Cleared, EngineHash, Event, Removed, Stored};
+use kvroute_index::reference::Reference;
+use kvroute_index::{Index, LookupConfig, Query, WorkerConfig};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const H: u32 = 4;
+
+#[derive(Clone, Debug)]
+struct Group {
+    kind: &'static str,
+    block: u32,
+    window: Option<u32>,
+}
+
+fn random_layout(rng: &mut StdRng) -> Vec<Group> {
+    let n = rng.gen_range(1..=4);
+    let mut groups: Vec<Group> = (0..n)
+        .map(|_| {
+            let kind = [
+                "full_attention",
+                "sliding_window",
+                "mamba",
+                "chunked_local_attention",
+                "mla_attention",
+            ][rng.gen_range(0..5)];
+            let window = (kind == "sliding_window").then(|| rng.gen_range(2..=24));
+            Group {
+                kind,
+                block: [H, 2 * H, 2 * H][rng.gen_range(0..3)],
+                window,
+            }
+        })
+        .collect();
+    if groups.iter().any(|g| g.kind == "chunked_local_attention") {
+        let b = groups[0].block;
+        for g in &mut groups {
+            g.block = b;
+        }
+    }
+    groups
+}
+
+/// A universe of prompts sharing prefixes at many lengths.
+fn universe(rng: &mut StdRng) -> Vec<Vec<u32>> {
+    let stems: Vec<Vec<u32>> = (0..3)
+        .map(|s| (0..72).map(|i| s * 1000 + i).collect())
+        .collect();
+    (0..10)
+        .map(|_| {
+            let stem = &stems[rng.gen_range(0..stems.len())];
+            let cut = rng.gen_range(0..=stem.len());
+            let mut p = stem[..cut].to_vec();
+            let extra = rng.gen_range(0..40);
+            p.extend((0..extra).map(|_| rng.gen_range(5000..5010)));
+            p
+        })
+        .collect()
+}
+
+fn stored(worker: &str, rank: u32, group: u32, g: &Group, block: u32, hashes: Vec<u64>) -> Event {
+    Event::Stored(Stored {
+        worker: worker.into(),
+        dp_rank: rank,
+        medium: if block == 0 {
+            Some("CPU".into())
+        } else {
+            Some("GPU".into())
+        },
+        group: Some(group),
+        kind: Some(CacheKind::parse(g.kind)),
+        sliding_window: g.window,
+        block_size: block.max(g.block),
+        parent: None,
+        hashes: hashes.into_iter().map(EngineHash::int).collect(),
+        token_ids: Vec::new(),
+        extra_keys: None,
+        lora_id: None,
+        lora_name: None,
+    })
+}
+
+/// Returns (predictions compared, non-zero ones, ones where group-blind differs).
+fn run_case(seed: u64, steps: usize) -> (usize, usize, usize) {
+    let mut tally = (0usize, 0usize, 0usize);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let config = WorkerConfig {
+        lookup: LookupConfig {
+            hash_block_size: Some(H),
+            chunk_size: Some(4 * H),
+        },
+        verify_hashes: false,
+        ..WorkerConfig::default()
+    };
+    let fast = Index::with_default(config.clone());
+    let mut reference = Reference::with_default(config);
+    let prompts = universe(&mut rng);
+    let chains: Vec<Vec<u64>> = prompts.iter().map(|p| chain(p, H as usize)).collect();
+    let workers = ["w0", "w1", "w2"];
+    let mut layouts: std::collections::HashMap<(usize, u32), Vec<Group>> = Default::default();
+    for step in 0..steps {
+        let w = rng.gen_range(0..workers.len());
+        let rank = rng.gen_range(0..2u32);
+        let layout = layouts
+            .entry((w, rank))
+            .or_insert_with(|| random_layout(&mut rng))
+            .clone();
+        let op = rng.gen_range(0..100);
+        let ev = if op < 55 {
+            let gi = rng.gen_range(0..layout.len());
+            let g = &layout[gi];
+            let c = &chains[rng.gen_range(0..chains.len())];
+            let k = (g.block / H) as usize;
+            let nblocks = c.len() / k;
+            let mut hashes = Vec::new();
+            let mut block = g.block;
+            match rng.gen_range(0..4) {
+                0 if nblocks > 0 => {
+                    let a = rng.gen_range(0..nblocks);
+                    let b = rng.gen_range(a..=nblocks);
+                    hashes.extend((a..b).map(|i| c[(i + 1) * k - 1]));
+                }
+                1 => hashes.extend(
+                    (0..nblocks)
+                        .filter(|_| rng.gen_bool(0.4))
+                        .map(|i| c[(i + 1) * k - 1]),
+                ),
+                2 if !c.is_empty() => {
+                    // A partial entry (or an off-boundary state) at the hash block size.
+                    block = H;
+                    hashes.push(c[rng.gen_range(0..c.len())]);
+                }
+                _ => {
+                    block = 0; // an offload tier
+                    hashes.extend(c.iter().take(3));
+                }
+            }
+            stored(workers[w], rank, gi as u32, g, block, hashes)
+        } else if op < 80 {
+            let gi = rng.gen_range(0..layout.len() + 1) as u32;
+            let held: Vec<u64> = reference
+                .contents()
+                .get(&(workers[w].into(), rank))
+                .and_then(|m| m.get(&gi))
+                .map(|m| m.keys().copied().collect())
+                .unwrap_or_default();
+            let mut hashes: Vec<u64> = held.iter().filter(|_| rng.gen_bool(0.5)).copied().collect();
+            if rng.gen_bool(0.2) {
+                hashes.push(rng.gen());
+            }
+            Event::Removed(Removed {
+                worker: workers[w].into(),
+                dp_rank: rank,
+                medium: None,
+                group: Some(gi),
+                hashes: hashes.into_iter().map(EngineHash::int).collect(),
+            })
+        } else if op < 86 {
+            Event::Cleared(Cleared {
+                worker: workers[w].into(),
+                dp_rank: rank,
+            })
+        } else if op < 89 {
+            fast.remove_worker(&workers[w].into());
+            reference.remove_worker(&workers[w].into());
+            layouts.retain(|(lw, _), _| *lw != w);
+            continue;
+        } else if op < 91 {
+            // A layout change: group 0 comes back as another kind.
+            let mut g = layout[0].clone();
+            g.kind = if g.kind == "mamba" {
+                "full_attention"
+            } else {
+                "mamba"
+            };
+            g.window = None;
+            let mut new_layout = random_layout(&mut rng);
+            new_layout[0] = g.clone();
+            layouts.insert((w, rank), new_layout);
+            let c = &chains[rng.gen_range(0..chains.len())];
+            stored(
+                workers[w],
+                rank,
+                0,
+                &g,
+                g.block,
+                c.iter().take(2).copied().collect(),
+            )
+        } else {
+            let p = &prompts[rng.gen_range(0..prompts.len())];
+            let q = Query {
+                tokens: p.clone(),
+                skip_prefix_cache: rng.gen_bool(0.05),
+                ..Query::default()
+            };
+            for (wk, rk) in fast.ranks() {
+                let got = fast.predict(&wk, rk, &q);
+                let want = reference.predict(&wk, rk, &q);
+                assert_eq!(
+                    (got.cached, got.group_blind),
+                    want,
+                    "seed {seed} step {step}: {wk}/{rk} layout {:?} prompt len {}",
+                    fast.inspect(&wk, rk, |r| r.layout.clone()),
+                    p.len()
+                );
+                tally.0 += 1;
+                tally.1 += usize::from(want.0 > 0);
+                tally.2 += usize::from(want.0 != want.1);
+            }
+            continue;
+        };
+        fast.apply(&ev);
+        reference.apply(&ev);
+    }
+    assert_eq!(
+        fast.contents(),
+        reference.contents(),
+        "seed {seed}: contents differ"
+    );
+    for p in &prompts {
+        let q = Query {
+            tokens: p.clone(),
+            ..Query::default()
+        };
+        for got in fast.predict_all(&q) {
+            let want = reference.predict(&got.worker, got.dp_rank, &q);
+            assert_eq!(
+                (got.cached, got.group_blind),
+                want,
+                "seed {seed}: final {}/{}",
+                got.worker,
+                got.dp_rank
+            );
+            tally.0 += 1;
+            tally.1 += usize::from(want.0 > 0);
+            tally.2 += usize::from(want.0 != want.1);
+        }
+    }
+    tally
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_fast_index_agrees_with_the_reference_on_random_event_streams(seed in any::<u64>()) {
+        let _ = run_case(seed, 300);
+    }
+}
+
+#[test]
+fn a_long_stream_keeps_the_fast_index_and_the_reference_equal() {
+    let (compared, hits, blind_wrong) = run_case(0x5eed, 5_000);
+    // The stream must exercise the rules, not just agree on zeros.
+    assert!(compared > 1_000, "{compared}");
+    assert!(
+        hits * 10 > compared,
+        "only {hits} of {compared} predictions hit"
+    );
+    assert!(
+        blind_wrong * 20 > compared,
+        "only {blind_wrong} of {compared} differ from group-blind"
+    );
+}

@@ -1,0 +1,258 @@
+//! Hand-checked cases of each kind's reuse rule and the joint prediction.
+
+mod common;
+use common::*;
+use kvroute_index::{Index, Query};
+
+fn predict(idx: &Index, worker: &str, toks: &[u32]) -> u64 {
+    idx.predict(
+        &worker.into(),
+        0,
+        &Query {
+            tokens: toks.to_vec(),
+            ..Query::default()
+        },
+    )
+    .cached
+}
+
+#[test]
+fn full_attention_hit_stops_at_the_first_missing_block() {
+    let idx = Index::new();
+    let t = tokens(1, 100);
+    let c = chain(&t, 16);
+    idx.apply(&store(
+        "w",
+        0,
+        "full_attention",
+        None,
+        16,
+        &[c[0], c[1], c[3]],
+    ));
+    assert_eq!(predict(&idx, "w", &t), 32);
+}
+
+#[test]
+fn the_last_prompt_token_is_always_recomputed() {
+    let idx = Index::new();
+    let t = tokens(1, 64);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    assert_eq!(predict(&idx, "w", &t), 48);
+    assert_eq!(predict(&idx, "w", &t[..49]), 48);
+}
+
+#[test]
+fn window_group_hit_needs_only_the_last_window() {
+    // full attention + window 48 at block 16: c = ceil(47/16) = 3 blocks below the hit.
+    let idx = Index::new();
+    let t = tokens(2, 210);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    idx.apply(&store(
+        "w",
+        1,
+        "sliding_window",
+        Some(48),
+        16,
+        &group_blocks(&c, 1, 9..12),
+    ));
+    assert_eq!(predict(&idx, "w", &t), 192);
+    assert_eq!(
+        predict(&idx, "w", &t[..150]),
+        0,
+        "the window before 144 is not cached"
+    );
+}
+
+#[test]
+fn a_junction_checkpoint_makes_the_shared_prefix_reusable() {
+    // The spec's 0.32 observation: a second prompt sharing 150 tokens hits 0 and stores a
+    // junction at 144 (blocks 6..9 of the window group); a third such prompt then hits 144.
+    let idx = Index::new();
+    let first = tokens(3, 210);
+    let c = chain(&first, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    idx.apply(&store(
+        "w",
+        1,
+        "sliding_window",
+        Some(48),
+        16,
+        &group_blocks(&c, 1, 10..13),
+    ));
+    let mut second = first[..150].to_vec();
+    second.extend(tokens(99, 60));
+    assert_eq!(predict(&idx, "w", &second), 0);
+    idx.apply(&store(
+        "w",
+        1,
+        "sliding_window",
+        Some(48),
+        16,
+        &group_blocks(&c, 1, 6..9),
+    ));
+    let mut third = first[..150].to_vec();
+    third.extend(tokens(77, 60));
+    assert_eq!(predict(&idx, "w", &third), 144);
+}
+
+#[test]
+fn a_mamba_group_counts_only_its_right_most_state() {
+    let idx = Index::new();
+    let t = tokens(4, 300);
+    let c = chain(&t, 64);
+    idx.apply(&store("w", 0, "mamba", None, 64, &[c[1]]));
+    idx.apply(&store("w", 1, "full_attention", None, 64, &c));
+    assert_eq!(
+        predict(&idx, "w", &t),
+        128,
+        "state at 128 only; full attention alone says 256"
+    );
+    let p = idx.predict(
+        &"w".into(),
+        0,
+        &Query {
+            tokens: t.clone(),
+            ..Query::default()
+        },
+    );
+    assert_eq!(p.group_blind, 256);
+}
+
+#[test]
+fn a_worker_that_lost_its_mamba_state_is_cold() {
+    let idx = Index::new();
+    let t = tokens(5, 300);
+    let c = chain(&t, 64);
+    idx.apply(&store("w", 0, "mamba", None, 64, &[c[3]]));
+    idx.apply(&store("w", 1, "full_attention", None, 64, &c));
+    assert_eq!(predict(&idx, "w", &t), 256);
+    idx.apply(&remove("w", 0, &[c[3]]));
+    assert_eq!(predict(&idx, "w", &t), 0);
+}
+
+#[test]
+fn groups_of_the_same_kind_must_all_hold_a_block() {
+    let idx = Index::new();
+    let t = tokens(6, 200);
+    let c = chain(&t, 32);
+    idx.apply(&store("w", 3, "full_attention", None, 32, &c));
+    idx.apply(&store("w", 0, "sliding_window", Some(64), 32, &c[2..5]));
+    idx.apply(&store("w", 1, "sliding_window", Some(64), 32, &c[2..5]));
+    idx.apply(&store("w", 2, "sliding_window", Some(64), 32, &c[2..4]));
+    // c = ceil(63/32) = 2 blocks: at 160 block 3 and 4 needed, group 2 lacks block 4.
+    assert_eq!(predict(&idx, "w", &t), 128);
+}
+
+#[test]
+fn chunked_local_attention_skips_blocks_before_the_current_chunk() {
+    let idx = Index::new();
+    idx.configure_worker(
+        &"w".into(),
+        kvroute_index::WorkerConfig {
+            lookup: kvroute_index::LookupConfig {
+                hash_block_size: None,
+                chunk_size: Some(64),
+            },
+            ..Default::default()
+        },
+    );
+    let t = tokens(7, 200);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    idx.apply(&store(
+        "w",
+        1,
+        "chunked_local_attention",
+        None,
+        16,
+        &c[8..10],
+    ));
+    // n − 1 = 199 → L = 192, the start of a chunk: nothing of the chunk is needed yet, and
+    // every block before the chunk start counts without lookup.
+    assert_eq!(predict(&idx, "w", &t), 192);
+    assert_eq!(
+        predict(&idx, "w", &t[..170]),
+        160,
+        "chunk 128..: blocks 8, 9 present, 10 not"
+    );
+}
+
+#[test]
+fn a_cleared_worker_predicts_nothing_but_keeps_its_layout() {
+    let idx = Index::new();
+    let t = tokens(8, 100);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    idx.apply(&kvroute_index::event::Event::Cleared(
+        kvroute_index::event::Cleared {
+            worker: "w".into(),
+            dp_rank: 0,
+        },
+    ));
+    assert_eq!(predict(&idx, "w", &t), 0);
+    assert!(
+        idx.inspect(&"w".into(), 0, |r| r.layout.groups.len())
+            .unwrap()
+            == 1
+    );
+}
+
+#[test]
+fn a_request_that_skips_the_prefix_cache_hits_nothing() {
+    let idx = Index::new();
+    let t = tokens(9, 100);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &chain(&t, 16)));
+    let q = Query {
+        tokens: t,
+        skip_prefix_cache: true,
+        ..Query::default()
+    };
+    assert_eq!(idx.predict(&"w".into(), 0, &q).cached, 0);
+}
+
+#[test]
+fn a_removal_for_a_group_never_stored_is_counted_and_ignored() {
+    let idx = Index::new();
+    let t = tokens(10, 100);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    idx.apply(&remove("w", 5, &c));
+    assert_eq!(
+        idx.counters()
+            .get(kvroute_index::counters::Counter::RemovedUnknownGroup),
+        1
+    );
+    assert_eq!(predict(&idx, "w", &t), 96);
+}
+
+#[test]
+fn offload_tiers_are_kept_apart_from_the_prediction() {
+    let idx = Index::new();
+    let t = tokens(11, 100);
+    let c = chain(&t, 16);
+    let mut ev = store("w", 0, "full_attention", None, 16, &c);
+    if let kvroute_index::event::Event::Stored(s) = &mut ev {
+        s.medium = Some("CPU".into());
+    }
+    idx.apply(&ev);
+    assert_eq!(predict(&idx, "w", &t), 0);
+    let tiers = idx.inspect(&"w".into(), 0, |r| r.offload_blocks()).unwrap();
+    assert_eq!(tiers.get("CPU"), Some(&(c.len() as u64)));
+}
+
+#[test]
+fn a_kind_change_clears_the_rank_and_is_counted() {
+    let idx = Index::new();
+    let t = tokens(12, 100);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    idx.apply(&store("w", 0, "mamba", None, 16, &[c[1]]));
+    assert_eq!(
+        idx.counters()
+            .get(kvroute_index::counters::Counter::LayoutChanges),
+        1
+    );
+    assert_eq!(predict(&idx, "w", &t), 32);
+}
