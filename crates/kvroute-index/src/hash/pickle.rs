@@ -6,8 +6,9 @@
 //! does) and MEMOIZE after every bytes, str and non-empty tuple.
 //! Invariant: `dumps(v)` equals CPython 3.8+'s output for the same value; the test suite checks
 //! it against Python itself on random inputs.
-//! Must not: memoize by value (CPython memoizes by identity, and the values here never repeat
-//! by identity; multimodal tags, which do, are not produced by the router).
+//! Must not: memoize by value in general: CPython memoizes by identity, and the only values here
+//! that repeat by identity are its singleton strings (`""`, one Latin-1 character), which are
+//! handled. Multimodal tags, which also repeat, are not produced by the router.
 
 /// A Python value as vLLM builds it for hashing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +26,11 @@ const FRAME_HEADER: usize = 9;
 
 struct Pickler {
     out: Vec<u8>,
+    /// Memo slots handed out so far.
+    memo_len: u32,
+    /// Slots of strings CPython keeps as singletons (`""` and one Latin-1 character), which
+    /// therefore repeat by identity whenever they repeat by value.
+    singletons: Vec<(String, u32)>,
     /// Start of the open frame's header in `out`, if a frame is open.
     frame_start: Option<usize>,
 }
@@ -51,6 +57,23 @@ impl Pickler {
         }
     }
 
+    fn memoize(&mut self, s: Option<&str>) {
+        self.write(&[0x94]);
+        if let Some(s) = s {
+            if is_singleton(s) {
+                self.singletons.push((s.to_string(), self.memo_len));
+            }
+        }
+        self.memo_len += 1;
+    }
+
+    fn singleton_slot(&self, s: &str) -> Option<u32> {
+        self.singletons
+            .iter()
+            .find(|(v, _)| v == s)
+            .map(|(_, slot)| *slot)
+    }
+
     fn opcode_boundary(&mut self) {
         if let Some(start) = self.frame_start {
             if self.out.len() - start - FRAME_HEADER >= FRAME_SIZE_TARGET {
@@ -60,6 +83,8 @@ impl Pickler {
     }
 
     fn save(&mut self, v: &PyValue) {
+        // CPython checks the frame at the start of every save, before the object's opcodes.
+        self.opcode_boundary();
         match v {
             PyValue::None => self.write(&[b'N']),
             PyValue::Int(i) => self.save_int(*i),
@@ -72,9 +97,19 @@ impl Pickler {
                     self.write(&h);
                 }
                 self.write(b);
-                self.write(&[0x94]);
+                self.memoize(None);
             }
             PyValue::Str(s) => {
+                if let Some(slot) = self.singleton_slot(s) {
+                    if slot < 256 {
+                        self.write(&[b'h', slot as u8]);
+                    } else {
+                        let mut h = vec![b'j'];
+                        h.extend_from_slice(&slot.to_le_bytes());
+                        self.write(&h);
+                    }
+                    return;
+                }
                 let b = s.as_bytes();
                 if b.len() < 256 {
                     self.write(&[0x8c, b.len() as u8]);
@@ -84,7 +119,7 @@ impl Pickler {
                     self.write(&h);
                 }
                 self.write(b);
-                self.write(&[0x94]);
+                self.memoize(Some(s));
             }
             PyValue::Tuple(items) => match items.len() {
                 0 => self.write(&[b')']),
@@ -92,18 +127,19 @@ impl Pickler {
                     for it in items {
                         self.save(it);
                     }
-                    self.write(&[[0x85, 0x86, 0x87][n - 1], 0x94]);
+                    self.write(&[[0x85, 0x86, 0x87][n - 1]]);
+                    self.memoize(None);
                 }
                 _ => {
                     self.write(&[b'(']);
                     for it in items {
                         self.save(it);
                     }
-                    self.write(&[b't', 0x94]);
+                    self.write(&[b't']);
+                    self.memoize(None);
                 }
             },
         }
-        self.opcode_boundary();
     }
 
     fn save_int(&mut self, i: i128) {
@@ -122,6 +158,16 @@ impl Pickler {
             h.extend_from_slice(&enc);
             self.write(&h);
         }
+    }
+}
+
+/// CPython shares one object for the empty string and for each Latin-1 character.
+fn is_singleton(s: &str) -> bool {
+    let mut chars = s.chars();
+    match (chars.next(), chars.next()) {
+        (None, _) => true,
+        (Some(c), None) => (c as u32) < 256,
+        _ => false,
     }
 }
 
@@ -147,6 +193,8 @@ pub fn dumps(v: &PyValue) -> Vec<u8> {
     let mut p = Pickler {
         out: Vec::with_capacity(64),
         frame_start: None,
+        memo_len: 0,
+        singletons: Vec::new(),
     };
     p.out.extend_from_slice(&[0x80, 0x05]);
     p.save(v);
