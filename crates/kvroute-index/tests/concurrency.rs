@@ -1,0 +1,115 @@
+//! Concurrency: writers apply different workers' events while readers predict. A prediction
+//! never observes half of an event, and the final state equals the reference model.
+
+mod common;
+use common::{chain, group_blocks, remove, store, tokens};
+use kvroute_index::reference::Reference;
+use kvroute_index::{Index, Query};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+const PROMPTS: u32 = 40;
+const LEN: usize = 320;
+
+#[test]
+fn predictions_never_see_a_torn_event_and_the_final_state_equals_the_reference() {
+    let index = Arc::new(Index::new());
+    let workers = ["w0", "w1", "w2", "w3"];
+    // Each event stores a whole prompt's full-attention blocks and its window checkpoint, in
+    // two groups: every event is "all or nothing" for its prompt.
+    let prompts: Vec<Vec<u32>> = (0..PROMPTS).map(|s| tokens(s + 1000, LEN)).collect();
+    let chains: Vec<Vec<u64>> = prompts.iter().map(|p| chain(p, 16)).collect();
+    let mut streams = Vec::new();
+    for (wi, w) in workers.iter().enumerate() {
+        let mut evs = Vec::new();
+        // Rounds of store-everything then evict-the-full-attention-blocks, then a last store.
+        for round in 0..=20 {
+            for (pi, c) in chains.iter().enumerate() {
+                if (pi + wi) % 2 == 0 {
+                    evs.push(store(w, 0, "full_attention", None, 16, c));
+                    let window = group_blocks(c, 1, c.len() - 2..c.len());
+                    evs.push(store(w, 1, "sliding_window", Some(32), 16, &window));
+                    if round < 20 {
+                        evs.push(remove(w, 0, c));
+                        evs.push(remove(w, 1, &window));
+                    }
+                }
+            }
+        }
+        streams.push(evs);
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let index = index.clone();
+            let done = done.clone();
+            let prompts = prompts.clone();
+            thread::spawn(move || {
+                let mut seen = 0u64;
+                let mut i = r;
+                while !done.load(Ordering::Relaxed) {
+                    let q = Query {
+                        tokens: prompts[i % prompts.len()].clone(),
+                        ..Query::default()
+                    };
+                    for p in index.predict_all(&q) {
+                        // 0 before the prompt's events, full length after: never in between.
+                        assert!(
+                            p.cached == 0 || p.cached == 304,
+                            "torn state: {} for {}",
+                            p.cached,
+                            p.worker
+                        );
+                        assert!(
+                            p.group_blind == 0 || p.group_blind == 304,
+                            "torn store: {}",
+                            p.group_blind
+                        );
+                        seen += 1;
+                    }
+                    i += 1;
+                }
+                seen
+            })
+        })
+        .collect();
+    let writers: Vec<_> = streams
+        .clone()
+        .into_iter()
+        .map(|evs| {
+            let index = index.clone();
+            thread::spawn(move || {
+                for ev in &evs {
+                    index.apply(ev);
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().expect("writer");
+    }
+    done.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().expect("reader") > 0);
+    }
+    let mut reference = Reference::default();
+    for evs in &streams {
+        for ev in evs {
+            reference.apply(ev);
+        }
+    }
+    assert_eq!(index.contents(), reference.contents());
+    for p in &prompts {
+        let q = Query {
+            tokens: p.clone(),
+            ..Query::default()
+        };
+        for got in index.predict_all(&q) {
+            assert_eq!(
+                (got.cached, got.group_blind),
+                reference.predict(&got.worker, got.dp_rank, &q)
+            );
+        }
+    }
+}
