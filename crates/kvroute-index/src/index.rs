@@ -60,37 +60,58 @@ pub struct Index {
     counters: Counters,
 }
 
-/// Hash chains of one request, computed lazily once per distinct setting.
+/// Hash chains of one request: computed lazily once per distinct setting, or given by the
+/// caller (one chain for every rank).
 struct Chains<'q> {
-    query: &'q Query,
-    cache: HashMap<(HashMode, u32), Arc<Vec<u64>>>,
+    /// The request's length and whether it skips the prefix cache.
+    n_tokens: usize,
+    skip: bool,
+    source: Source<'q>,
+    cache: HashMap<(HashMode, u32), Vec<u64>>,
+}
+
+enum Source<'q> {
+    /// Hash the request's tokens.
+    Tokens(&'q Query),
+    /// The caller's chain, for every rank.
+    Given(&'q [u64]),
 }
 
 impl<'q> Chains<'q> {
     fn new(query: &'q Query) -> Self {
         Chains {
-            query,
+            n_tokens: query.tokens.len(),
+            skip: query.skip_prefix_cache,
+            source: Source::Tokens(query),
             cache: HashMap::new(),
         }
     }
 
-    fn get(&mut self, mode: &HashMode, h: u32) -> Arc<Vec<u64>> {
-        let key = (mode.clone(), h);
-        if let Some(c) = self.cache.get(&key) {
-            return c.clone();
+    fn given(n_tokens: usize, chain: &'q [u64]) -> Self {
+        Chains {
+            n_tokens,
+            skip: false,
+            source: Source::Given(chain),
+            cache: HashMap::new(),
         }
-        let toks = &self.query.tokens[..self.query.tokens.len().saturating_sub(1)];
-        let chain: Vec<u64> = match mode {
-            HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
-                .chain(toks, h as usize, &self.query.extras)
-                .iter()
-                .map(|d| hash::external(d).0)
-                .collect(),
-            HashMode::ContentKey => hash::content_chain(toks, h as usize, &self.query.extras),
+    }
+
+    fn get(&mut self, mode: &HashMode, h: u32) -> &[u64] {
+        let query = match self.source {
+            Source::Given(chain) => return chain,
+            Source::Tokens(query) => query,
         };
-        let chain = Arc::new(chain);
-        self.cache.insert(key, chain.clone());
-        chain
+        self.cache.entry((mode.clone(), h)).or_insert_with(|| {
+            let toks = &query.tokens[..query.tokens.len().saturating_sub(1)];
+            match mode {
+                HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
+                    .chain(toks, h as usize, &query.extras)
+                    .iter()
+                    .map(|d| hash::external(d).0)
+                    .collect(),
+                HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
+            }
+        })
     }
 }
 
@@ -243,16 +264,30 @@ impl Index {
 
     /// Predicts the request on every known (worker, rank), sorted by worker and rank.
     pub fn predict_all(&self, q: &Query) -> Vec<Prediction> {
+        self.predict_each(&mut Chains::new(q))
+    }
+
+    /// Predicts a request of `n_tokens` tokens whose 64-bit block-hash chain is `chain`, on
+    /// every known (worker, rank), without hashing anything: `chain[i]` must be the hash
+    /// `predict_all` would compute for block `i` of the request's first `n_tokens − 1` tokens at
+    /// each rank's hash block size (the caller vouches that every rank shares one hash block
+    /// size and one hash mode). The request carries no extras and reads the prefix cache.
+    /// Equal to `predict_all` for such a chain; meant for callers that hashed the request
+    /// already, and for benchmarks.
+    pub fn predict_all_with_chain(&self, n_tokens: usize, chain: &[u64]) -> Vec<Prediction> {
+        self.predict_each(&mut Chains::given(n_tokens, chain))
+    }
+
+    fn predict_each(&self, chains: &mut Chains<'_>) -> Vec<Prediction> {
         let ranks: Vec<(RankKey, Arc<RwLock<RankState>>)> = self
             .ranks
             .read()
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut chains = Chains::new(q);
         let mut out: Vec<Prediction> = ranks
             .iter()
-            .map(|((w, d), r)| predict_rank(w, *d, &r.read(), q, &mut chains))
+            .map(|((w, d), r)| predict_rank(w, *d, &r.read(), chains))
             .collect();
         self.counters.add(Counter::Predictions, 1);
         out.sort_by(|a, b| (&a.worker, a.dp_rank).cmp(&(&b.worker, b.dp_rank)));
@@ -265,7 +300,7 @@ impl Index {
         let rank = self.ranks.read().get(&(worker.clone(), dp_rank)).cloned();
         let mut chains = Chains::new(q);
         match rank {
-            Some(r) => predict_rank(worker, dp_rank, &r.read(), q, &mut chains),
+            Some(r) => predict_rank(worker, dp_rank, &r.read(), &mut chains),
             None => Prediction {
                 worker: worker.clone(),
                 dp_rank,
@@ -283,7 +318,6 @@ fn predict_rank(
     worker: &WorkerId,
     dp_rank: u32,
     r: &RankState,
-    q: &Query,
     chains: &mut Chains<'_>,
 ) -> Prediction {
     let params = r.params();
@@ -297,6 +331,7 @@ fn predict_rank(
         degraded: r.degraded,
     };
     let Some(p) = params else { return pred };
+    let (n_tokens, skip) = (chains.n_tokens, chains.skip);
     let chain = chains.get(&r.config.hash, p.hash_block);
     let empty = crate::holder::Multiset::default();
     let specs = r.layout.lookups();
@@ -311,14 +346,8 @@ fn predict_rank(
                 .collect(),
         })
         .collect();
-    let j = rules::joint(
-        &lookups,
-        &chain,
-        q.tokens.len(),
-        &p,
-        r.config.lookup.chunk_size,
-    );
-    pred.cached = if q.skip_prefix_cache { 0 } else { j.cached };
+    let j = rules::joint(&lookups, chain, n_tokens, &p, r.config.lookup.chunk_size);
+    pred.cached = if skip { 0 } else { j.cached };
     pred.group_blind = j.group_blind;
     pred.groups = j.groups;
     pred
@@ -338,4 +367,73 @@ pub fn block_hashes(
         .enumerate()
         .map(|(i, d)| (i, hash::external(&d).0, d))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{CacheKind, EngineHash, Stored};
+    use crate::hash::DEFAULT_SEED;
+
+    fn store(
+        worker: &str,
+        group: u32,
+        kind: CacheKind,
+        window: Option<u32>,
+        hashes: &[u64],
+    ) -> Event {
+        Event::Stored(Stored {
+            worker: worker.into(),
+            dp_rank: 0,
+            medium: None,
+            group: Some(group),
+            kind: Some(kind),
+            sliding_window: window,
+            block_size: 16,
+            parent: None,
+            hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
+            token_ids: Vec::new(),
+            extra_keys: None,
+            lora_id: None,
+            lora_name: None,
+        })
+    }
+
+    #[test]
+    fn a_given_chain_predicts_what_hashing_the_tokens_predicts() {
+        let tokens: Vec<u32> = (0..16 * 9 + 5).map(|i| i * 7 % 1000).collect();
+        let chain: Vec<u64> = block_hashes(
+            HashAlgo::Sha256,
+            DEFAULT_SEED,
+            16,
+            &tokens[..tokens.len() - 1],
+            &BlockExtras::default(),
+        )
+        .into_iter()
+        .map(|(_, v, _)| v)
+        .collect();
+        assert_eq!(chain.len(), 9);
+        let index = Index::new();
+        // One full-attention worker holding a prefix, one hybrid worker with a hole in its
+        // window group, one worker holding nothing of the request.
+        index.apply(&store("a", 0, CacheKind::FullAttention, None, &chain[..6]));
+        index.apply(&store("b", 0, CacheKind::FullAttention, None, &chain));
+        let window: Vec<u64> = chain
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 7)
+            .map(|(_, h)| *h)
+            .collect();
+        index.apply(&store("b", 1, CacheKind::SlidingWindow, Some(32), &window));
+        index.apply(&store("c", 0, CacheKind::FullAttention, None, &[1, 2, 3]));
+        let q = Query {
+            tokens: tokens.clone(),
+            ..Query::default()
+        };
+        let hashed = index.predict_all(&q);
+        let given = index.predict_all_with_chain(tokens.len(), &chain);
+        assert_eq!(given, hashed);
+        let cached: Vec<u64> = given.iter().map(|p| p.cached).collect();
+        assert_eq!(cached, vec![96, 112, 0]);
+    }
 }
