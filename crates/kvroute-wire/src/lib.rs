@@ -9,15 +9,24 @@
 //! Must not: interpret events (which group rule, what a hit is): that is kvroute-index.
 
 pub mod decode;
+pub mod endpoint;
 pub mod frames;
 pub mod msgpack;
 pub mod reasons;
+pub mod sequence;
 pub mod stats;
+pub mod subscribe;
 
 pub use decode::{decode_batch, decode_batch_with, DecodedBatch};
+pub use endpoint::{live_endpoint, replay_endpoint, EndpointError, ResolvedEndpoint, SocketMode};
 pub use frames::{
     decode_message, decode_message_with, parse_replay_reply, replay_request, split_live,
     FrameError, LiveFrames, ReplayReply, END_SEQ,
 };
 pub use reasons::{BatchError, BatchErrorReason, Cost, Dialect, DropReason, Dropped, Limits};
+pub use sequence::DegradeReason;
 pub use stats::{BatchDisposition, RankSnapshot, WireStats, WireStatsSnapshot};
+pub use subscribe::{
+    spawn_subscription, ChannelSink, EventSink, RankHealth, SinkMessage, SubscriptionConfig,
+    SubscriptionHandle,
+};

@@ -2,6 +2,9 @@
 //! builders for well-formed vLLM 0.32 events and batches.
 #![allow(dead_code)]
 
+pub mod publisher;
+pub mod sink;
+
 /// A msgpack value to encode, including deliberately broken pieces.
 #[derive(Clone, Debug)]
 pub enum M {
