@@ -351,3 +351,67 @@ impl WireStats {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::decode_batch;
+    use crate::reasons::Dialect;
+
+    fn stored(group: u32) -> Vec<u8> {
+        // [ts, [{"type": "BlockStored", ...group_idx}], 0] written by hand.
+        let mut ev = vec![0x86];
+        for (k, v) in [
+            (
+                "type",
+                vec![
+                    0xab, b'B', b'l', b'o', b'c', b'k', b'S', b't', b'o', b'r', b'e', b'd',
+                ],
+            ),
+            ("block_hashes", vec![0x91, 0x01]),
+            ("token_ids", vec![0x91, 0x01]),
+            ("block_size", vec![0x01]),
+            (
+                "group_idx",
+                vec![0xce].into_iter().chain(group.to_be_bytes()).collect(),
+            ),
+            ("lora_id", vec![0xa1, b'x']),
+        ] {
+            ev.push(0xa0 | k.len() as u8);
+            ev.extend_from_slice(k.as_bytes());
+            ev.extend(v);
+        }
+        [vec![0x93, 0x01, 0x91], ev, vec![0x00]].concat()
+    }
+
+    #[test]
+    fn events_are_counted_by_kind_and_group_with_a_bounded_label_set() {
+        let stats = WireStats::new();
+        let w: WorkerId = "w".into();
+        for g in 0..(MAX_GROUP_LABELS as u32 + 5) {
+            let b = decode_batch(&w, &stored(g), Dialect::Vllm).expect("decodes");
+            stats.record_batch(&w, 0, &b, BatchDisposition::Applied);
+        }
+        let snap = stats.snapshot();
+        assert_eq!(snap.batches["applied"], MAX_GROUP_LABELS as u64 + 5);
+        assert_eq!(snap.events.len(), MAX_GROUP_LABELS + 1);
+        let other = snap
+            .events
+            .iter()
+            .find(|e| e.group == "other")
+            .expect("overflow row");
+        assert_eq!((other.kind, other.count), ("stored", 5));
+        assert_eq!(snap.drops["invalid_lora_id"], MAX_GROUP_LABELS as u64 + 5);
+        assert!(snap.ranks[0].lag_seconds.is_some());
+    }
+
+    #[test]
+    fn a_worker_and_reason_is_logged_once_but_counted_every_time() {
+        let stats = WireStats::new();
+        let w: WorkerId = "w".into();
+        for _ in 0..3 {
+            stats.warn_once(&w, "x", "detail");
+        }
+        assert_eq!(stats.warned.lock().map(|s| s.len()).unwrap_or(0), 1);
+    }
+}
