@@ -1,0 +1,114 @@
+//! Store, remove and predict: kvroute's index (1, 2 and 4 KV cache groups) against SMG's
+//! `ChainIndex` (full attention only), on the fleet of `kvroute_bench`, hashes precomputed.
+//!
+//! Ids are `{op}/{block size}/{index}-{groups}g`; one iteration is the whole fleet for `store`
+//! and `remove` (128 workers × 8k tokens) and one 8k-token request against 128 workers for
+//! `predict`. `predict-hashing` is kvroute's `predict_all` with its SHA-256 of the request, for
+//! context. Per-block figures are derived in docs/benchmarks.md.
+
+mod common;
+
+use common::{check_agreement, kvroute_full, ChainFleet};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use kvroute_bench::{Fleet, Layout};
+use kvroute_index::{Index, Query};
+use std::hint::black_box;
+use std::time::Duration;
+
+const BLOCKS: [usize; 2] = [16, 64];
+
+fn id(op: &str, f: &Fleet, who: &str, layout: Layout) -> String {
+    format!("{op}/{}/{who}-{}g", f.block, layout.groups())
+}
+
+fn benches(c: &mut Criterion) {
+    for block in BLOCKS {
+        let f = Fleet::new(block);
+        let cf = ChainFleet::new(&f);
+        check_agreement(&f, &cf);
+
+        // Store the whole fleet into an empty index.
+        for layout in Layout::ALL {
+            let events = f.store_events(layout);
+            c.bench_function(&id("store", &f, "kvroute", layout), |b| {
+                b.iter_batched(
+                    Index::new,
+                    |index| {
+                        index.apply_all(&events);
+                        index
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+        c.bench_function(&id("store", &f, "chain", Layout::Full), |b| {
+            b.iter_batched(
+                || cf.empty(),
+                |mut chain| {
+                    cf.store(&mut chain);
+                    chain
+                },
+                BatchSize::PerIteration,
+            )
+        });
+
+        // Remove the whole fleet, tail first, from a full index.
+        for layout in Layout::ALL {
+            let events = f.remove_events(layout);
+            c.bench_function(&id("remove", &f, "kvroute", layout), |b| {
+                b.iter_batched(
+                    || kvroute_full(&f, layout),
+                    |index| {
+                        index.apply_all(&events);
+                        index
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+        let removals = cf.removals();
+        c.bench_function(&id("remove", &f, "chain", Layout::Full), |b| {
+            b.iter_batched(
+                || cf.full(),
+                |mut chain| {
+                    cf.remove(&mut chain, &removals);
+                    chain
+                },
+                BatchSize::PerIteration,
+            )
+        });
+
+        // One 8k-token request against the 128 workers.
+        for layout in Layout::ALL {
+            let index = kvroute_full(&f, layout);
+            c.bench_function(&id("predict", &f, "kvroute", layout), |b| {
+                b.iter(|| {
+                    index.predict_all_with_chain(f.request.len(), black_box(&f.request_chain))
+                })
+            });
+            if layout == Layout::Full {
+                let q = Query {
+                    tokens: f.request.clone(),
+                    ..Query::default()
+                };
+                c.bench_function(&id("predict-hashing", &f, "kvroute", layout), |b| {
+                    b.iter(|| index.predict_all(black_box(&q)))
+                });
+            }
+        }
+        let chain = cf.full();
+        c.bench_function(&id("predict", &f, "chain", Layout::Full), |b| {
+            b.iter(|| chain.index.find_matches(black_box(&cf.request), false))
+        });
+    }
+}
+
+criterion_group! {
+    name = index;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20);
+    targets = benches
+}
+criterion_main!(index);
