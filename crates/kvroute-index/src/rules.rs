@@ -156,6 +156,24 @@ fn make_view<'a>(
     })
 }
 
+/// Full-attention hits of one request per lookup, by the `max` they were computed from: the
+/// evidence, the group-blind and the joint passes all start a full-attention lookup's walk
+/// from `l0`, so it is walked once.
+struct FullMemo(Vec<Option<(u64, u64)>>);
+
+impl FullMemo {
+    fn get(&mut self, i: usize, v: &View<'_>, max: u64, fine: bool) -> u64 {
+        match self.0[i] {
+            Some((m, hit)) if m == max => hit,
+            _ => {
+                let hit = v.full(max, fine);
+                self.0[i] = Some((max, hit));
+                hit
+            }
+        }
+    }
+}
+
 /// The coordinator's passes over the lookups `order` (indices into `lookups`), from `l0`.
 fn fixed_point(
     lookups: &[Lookup<'_>],
@@ -164,6 +182,7 @@ fn fixed_point(
     l0: u64,
     p: &Params,
     chunk: Option<u32>,
+    memo: &mut FullMemo,
 ) -> u64 {
     let mut full_hits: Vec<Option<u64>> = vec![None; lookups.len()];
     let mut l = l0;
@@ -175,7 +194,10 @@ fn fixed_point(
             };
             let spec = lookups[i].spec;
             l = if spec.rule() == Rule::FullAttention {
-                let f = *full_hits[i].get_or_insert_with(|| v.full(l, p.fine_grained));
+                let f = match full_hits[i] {
+                    Some(f) => f,
+                    None => *full_hits[i].insert(memo.get(i, v, l, p.fine_grained)),
+                };
                 f.min(l)
             } else {
                 v.largest(spec, l, p.fine_grained, chunk)
@@ -208,13 +230,23 @@ pub fn joint(
         .map(|lk| make_view(lk.spec, &lk.holders, hashes, p))
         .collect();
 
+    let mut memo = FullMemo(vec![None; lookups.len()]);
+
     // Evidence: each group alone, from the same start.
     let mut groups = Vec::new();
-    for lk in lookups {
+    for (i, lk) in lookups.iter().enumerate() {
         for (gid, holder) in lk.groups.iter().zip(lk.holders.iter()) {
-            let single = [*holder];
-            let alone = make_view(lk.spec, &single, hashes, p)
-                .map_or(0, |v| v.largest(lk.spec, l0, p.fine_grained, chunk));
+            let alone = match views[i].as_ref() {
+                // A full-attention group that is its lookup's only group: the lookup's own walk.
+                Some(v) if lk.spec.rule() == Rule::FullAttention && lk.holders.len() == 1 => {
+                    memo.get(i, v, l0, p.fine_grained)
+                }
+                _ => {
+                    let single = [*holder];
+                    make_view(lk.spec, &single, hashes, p)
+                        .map_or(0, |v| v.largest(lk.spec, l0, p.fine_grained, chunk))
+                }
+            };
             groups.push(GroupEvidence {
                 group: *gid,
                 kind: lk.spec.kind.to_string(),
@@ -238,10 +270,10 @@ pub fn joint(
             })
             .map_or(0, |v| v.full(l0, p.fine_grained))
     } else {
-        fixed_point(lookups, &views, &full_only, l0, p, chunk)
+        fixed_point(lookups, &views, &full_only, l0, p, chunk, &mut memo)
     };
     let all: Vec<usize> = (0..lookups.len()).collect();
-    let l = fixed_point(lookups, &views, &all, l0, p, chunk);
+    let l = fixed_point(lookups, &views, &all, l0, p, chunk, &mut memo);
     Joint {
         cached: l,
         group_blind,
