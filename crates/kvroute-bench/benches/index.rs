@@ -1,8 +1,8 @@
 //! Store, remove and predict: kvroute's index (1, 2 and 4 KV cache groups) against SMG's
 //! `ChainIndex` (full attention only), on the fleet of `kvroute_bench`, hashes precomputed.
 //!
-//! Ids are `{op}/{block size}/{index}-{groups}g`; one iteration is the whole fleet for `store`
-//! and `remove` (128 workers × 8k tokens) and one 8k-token request against 128 workers for
+//! Ids are `{op}/{block size}/{index}-{groups}g`; one iteration is the whole fleet for `store`,
+//! `store-warm` (into tables grown by an earlier fill) and `remove` (128 workers × 8k tokens) and one 8k-token request against 128 workers for
 //! `predict`. `predict-hashing` is kvroute's `predict_all` with its SHA-256 of the request, for
 //! context. Per-block figures are derived in docs/benchmarks.md.
 
@@ -52,6 +52,42 @@ fn benches(c: &mut Criterion) {
             )
         });
 
+        // Store the whole fleet again into an index that held it and evicted it all: the
+        // steady state of a long-running router, whose tables and arenas are already grown.
+        for layout in Layout::ALL {
+            let events = f.store_events(layout);
+            let removed = f.remove_events(layout);
+            c.bench_function(&id("store-warm", &f, "kvroute", layout), |b| {
+                b.iter_batched(
+                    || {
+                        let index = kvroute_full(&f, layout);
+                        index.apply_all(&removed);
+                        index
+                    },
+                    |index| {
+                        index.apply_all(&events);
+                        index
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+        let removals = cf.removals();
+        c.bench_function(&id("store-warm", &f, "chain", Layout::Full), |b| {
+            b.iter_batched(
+                || {
+                    let mut chain = cf.full();
+                    cf.remove(&mut chain, &removals);
+                    chain
+                },
+                |mut chain| {
+                    cf.store(&mut chain);
+                    chain
+                },
+                BatchSize::PerIteration,
+            )
+        });
+
         // Remove the whole fleet, tail first, from a full index.
         for layout in Layout::ALL {
             let events = f.remove_events(layout);
@@ -66,7 +102,6 @@ fn benches(c: &mut Criterion) {
                 )
             });
         }
-        let removals = cf.removals();
         c.bench_function(&id("remove", &f, "chain", Layout::Full), |b| {
             b.iter_batched(
                 || cf.full(),

@@ -1,0 +1,1 @@
+//! kvroute-bench-dynamo: empty library; the comparison lives in `benches/radix.rs`.
