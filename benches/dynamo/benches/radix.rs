@@ -163,7 +163,7 @@ fn benches(c: &mut Criterion) {
         c.bench_function(&format!("predict/{block}/dynamo-1g"), |b| {
             b.iter_batched(
                 || df.request.clone(),
-                |request| tree.find_matches(request, false),
+                |request| tree.find_matches(black_box(request), false),
                 BatchSize::SmallInput,
             )
         });
