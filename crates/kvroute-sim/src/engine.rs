@@ -1,0 +1,571 @@
+//! The simulated engine core: requests, vLLM's scheduler loop and the per-step outcome.
+//!
+//! Owns: request state (tokens, block hashes, computed count, first-scheduling hit),
+//! continuous batching (running requests first, then waiting ones, FCFS), the token budget,
+//! chunked prefill, Mamba block-aligned chunk splitting, preemption when the pool runs out,
+//! deterministic sampling (or forced output tokens), the simulated clock and the prefix-cache
+//! counters.
+//! Invariants: one `step()` is one engine step: its events are exactly what vLLM would publish
+//! as one batch (possibly none); a request's `num_cached_tokens` is its hit at first scheduling;
+//! time only moves forward.
+//! Must not: do I/O, sleep, or know about sockets and HTTP.
+
+use crate::cache::{CacheConfig, KvCache, ReqCtx};
+use crate::error::SimError;
+use crate::groups;
+use crate::pool::ReqView;
+use crate::spec::{CacheParams, ModelSpec};
+use crate::timing::TimeModel;
+use kvroute_index::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
+use kvroute_index::{Event, WorkerId};
+use std::collections::{HashMap, VecDeque};
+
+/// Engine arguments (named after vLLM's where they exist).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub spec: ModelSpec,
+    /// `num_gpu_blocks_override` (null block included).
+    pub num_blocks: u32,
+    pub max_num_batched_tokens: u32,
+    pub max_num_seqs: u32,
+    pub max_model_len: u32,
+    pub hash_algo: HashAlgo,
+    /// NONE_HASH seed (`PYTHONHASHSEED`, else vLLM's default).
+    pub hash_seed: String,
+    /// `--prefix-cache-retention-interval` (`Some(0)` default sparse, `None` dense).
+    pub retention: Option<u32>,
+    /// Mamba layers export prefill checkpoints in-pass (Mamba2); GDN layers do not.
+    pub prefill_checkpoints: bool,
+    pub time: TimeModel,
+    pub worker: WorkerId,
+    pub dp_rank: u32,
+}
+
+impl EngineConfig {
+    /// A preset's defaults.
+    pub fn for_preset(name: &str) -> Result<EngineConfig, SimError> {
+        let spec = crate::spec::preset(name)?;
+        Ok(EngineConfig {
+            num_blocks: spec.default_blocks,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 256,
+            max_model_len: spec.max_model_len,
+            hash_algo: HashAlgo::Sha256,
+            hash_seed: hash::DEFAULT_SEED.to_string(),
+            retention: Some(0),
+            prefill_checkpoints: name.contains("nemotron"),
+            time: TimeModel::default(),
+            worker: "sim".into(),
+            dp_rank: 0,
+            spec,
+        })
+    }
+}
+
+/// A request as submitted.
+#[derive(Clone, Debug, Default)]
+pub struct NewRequest {
+    pub id: String,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    /// Emit exactly these tokens (then deterministic ones if `max_tokens` is larger).
+    pub forced_output: Option<Vec<u32>>,
+    pub cache_salt: Option<String>,
+    /// Requests that skip reading the prefix cache (prompt logprobs) hit 0.
+    pub skip_prefix_cache: bool,
+}
+
+/// One generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenOut {
+    pub handle: u64,
+    pub token: u32,
+    /// The request's `num_cached_tokens` (its hit at first scheduling).
+    pub num_cached_tokens: usize,
+    pub finished: Option<Finished>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Simulated seconds from arrival to the first token and to the last.
+    pub ttft_s: f64,
+    pub e2e_s: f64,
+    pub preemptions: u32,
+}
+
+/// What one step did.
+#[derive(Clone, Debug, Default)]
+pub struct StepOutcome {
+    pub events: Vec<Event>,
+    pub tokens: Vec<TokenOut>,
+    /// Simulated duration of the step.
+    pub duration_s: f64,
+    pub scheduled_tokens: usize,
+}
+
+/// Engine-wide counters (vLLM metric names in the HTTP layer).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub finished: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+}
+
+struct Req {
+    handle: u64,
+    prompt_len: usize,
+    tokens: Vec<u32>,
+    digests: Vec<Digest>,
+    hashes: Vec<u64>,
+    extras: BlockExtras,
+    max_tokens: usize,
+    forced: Vec<u32>,
+    seed: u64,
+    num_computed: usize,
+    num_cached_tokens: Option<usize>,
+    junction: usize,
+    skip: bool,
+    arrival: f64,
+    first_token: Option<f64>,
+    preemptions: u32,
+}
+
+impl Req {
+    fn outputs(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+pub struct Engine {
+    pub cfg: EngineConfig,
+    pub params: CacheParams,
+    pub kv: KvCache,
+    hasher: BlockHasher,
+    reqs: HashMap<u64, Req>,
+    waiting: VecDeque<u64>,
+    running: Vec<u64>,
+    next_handle: u64,
+    now: f64,
+    pub stats: EngineStats,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Result<Engine, SimError> {
+        let params = cfg.spec.params()?;
+        if cfg.max_num_batched_tokens == 0 || cfg.max_num_seqs == 0 || cfg.max_model_len < 2 {
+            return Err(SimError::Config(
+                "max_num_batched_tokens, max_num_seqs and max_model_len must be positive".into(),
+            ));
+        }
+        if cfg.num_blocks < 2 {
+            return Err(SimError::Config("the pool needs at least 2 blocks".into()));
+        }
+        let kv = KvCache::new(
+            cfg.spec.clone(),
+            params,
+            CacheConfig {
+                num_blocks: cfg.num_blocks,
+                max_model_len: cfg.max_model_len,
+                max_num_batched_tokens: cfg.max_num_batched_tokens,
+                retention: cfg.retention,
+                prefill_checkpoints: cfg.prefill_checkpoints,
+            },
+            cfg.worker.clone(),
+            cfg.dp_rank,
+        );
+        Ok(Engine {
+            hasher: BlockHasher::new(cfg.hash_algo, &cfg.hash_seed),
+            params,
+            kv,
+            reqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_handle: 1,
+            now: 0.0,
+            stats: EngineStats::default(),
+            cfg,
+        })
+    }
+
+    /// The simulated clock (seconds).
+    pub fn now(&self) -> f64 {
+        self.now
+    }
+
+    /// Moves the clock forward (idle time); never backwards.
+    pub fn advance_to(&mut self, t: f64) {
+        if t > self.now {
+            self.now = t;
+        }
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Queues a request; returns its handle.
+    pub fn add_request(&mut self, r: NewRequest) -> Result<u64, SimError> {
+        if r.prompt.is_empty() {
+            return Err(SimError::Request("the prompt is empty".into()));
+        }
+        let max_len = self.cfg.max_model_len as usize;
+        if r.prompt.len() >= max_len {
+            return Err(SimError::Request(format!(
+                "the prompt ({} tokens) does not fit max_model_len {max_len}",
+                r.prompt.len()
+            )));
+        }
+        let vocab = self.cfg.spec.vocab_size;
+        if let Some(t) = r.prompt.iter().find(|t| **t >= vocab) {
+            return Err(SimError::Request(format!(
+                "token id {t} is outside the vocabulary ({vocab})"
+            )));
+        }
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        let seed = xxhash_rust::xxh3::xxh3_64(
+            &r.prompt
+                .iter()
+                .flat_map(|t| t.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        let mut req = Req {
+            handle,
+            prompt_len: r.prompt.len(),
+            tokens: r.prompt,
+            digests: Vec::new(),
+            hashes: Vec::new(),
+            extras: BlockExtras {
+                cache_salt: r.cache_salt,
+                lora: None,
+            },
+            max_tokens: r.max_tokens.max(1),
+            forced: r.forced_output.unwrap_or_default(),
+            seed,
+            num_computed: 0,
+            num_cached_tokens: None,
+            junction: 0,
+            skip: r.skip_prefix_cache,
+            arrival: self.now,
+            first_token: None,
+            preemptions: 0,
+        };
+        Self::update_hashes(&self.hasher, self.params.hash_block as usize, &mut req);
+        self.reqs.insert(handle, req);
+        self.waiting.push_back(handle);
+        Ok(handle)
+    }
+
+    /// Cancels a request (client gone); its blocks are freed.
+    pub fn abort(&mut self, handle: u64) {
+        if self.reqs.remove(&handle).is_some() {
+            self.waiting.retain(|h| *h != handle);
+            self.running.retain(|h| *h != handle);
+            self.kv.free(handle);
+        }
+    }
+
+    fn update_hashes(hasher: &BlockHasher, h: usize, r: &mut Req) {
+        while (r.digests.len() + 1) * h <= r.tokens.len() {
+            let i = r.digests.len();
+            let d = hasher.hash_block(
+                r.digests.last(),
+                &r.tokens[i * h..(i + 1) * h],
+                &r.extras,
+                i,
+            );
+            r.hashes.push(hash::external(&d).0);
+            r.digests.push(d);
+        }
+    }
+
+    /// `reset_prefix_cache`; fails while requests hold blocks.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.kv.reset()
+    }
+
+    /// Events queued outside a step (a reset), taken for publishing.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        self.kv.take_events()
+    }
+
+    fn ctx(r: &Req) -> ReqCtx<'_> {
+        ReqCtx {
+            id: r.handle,
+            view: ReqView {
+                tokens: &r.tokens,
+                hashes: &r.hashes,
+                extras: &r.extras,
+            },
+            num_prompt: r.prompt_len,
+            shared_prefix_boundary: r.junction,
+        }
+    }
+
+    /// `_mamba_block_aligned_split` (no EAGLE, no fine-grained hits).
+    fn mamba_split(&self, r: &Req, n: usize, new_local: usize) -> usize {
+        let start = r.num_computed + new_local;
+        let prefill_end = r.prompt_len.max(r.tokens.len().saturating_sub(1));
+        if start >= prefill_end {
+            return n;
+        }
+        let b = self.params.scheduler_block as usize;
+        let h = self.params.hash_block as usize;
+        let mut last_cache = groups::checkpoint_position(r.tokens.len(), b);
+        let mut end = start + n;
+        let cp = groups::checkpoint_position(prefill_end, b);
+        let internal = self.cfg.prefill_checkpoints
+            && end >= prefill_end
+            && groups::checkpoint_valid(start, end, cp, h, b);
+        if internal {
+            last_cache = 0;
+        }
+        if end < prefill_end {
+            let aligned = end / b * b;
+            if aligned > start || b <= self.cfg.max_num_batched_tokens as usize {
+                end = aligned;
+            }
+        }
+        let next_boundary = (start / b + 1) * b;
+        let j = r.junction as i64;
+        let floored = start as i64 + (j - start as i64).div_euclid(b as i64) * b as i64;
+        let stops = [
+            if start % b != 0 && !internal {
+                next_boundary as i64
+            } else {
+                0
+            },
+            last_cache as i64,
+            if (start as i64) < j && j < end as i64 {
+                floored
+            } else {
+                0
+            },
+        ];
+        let end = stops
+            .iter()
+            .copied()
+            .filter(|s| *s > start as i64 && *s < end as i64)
+            .min()
+            .map_or(end, |s| s as usize);
+        end.saturating_sub(start)
+    }
+
+    fn preempt(&mut self, handle: u64) {
+        self.kv.free(handle);
+        if let Some(r) = self.reqs.get_mut(&handle) {
+            r.num_computed = 0;
+            r.preemptions += 1;
+        }
+        self.stats.preemptions += 1;
+        self.waiting.push_front(handle);
+    }
+
+    /// One engine step: schedule, "run" (advance the clock by the time model), sample, free
+    /// finished requests, and collect the step's events.
+    pub fn step(&mut self) -> StepOutcome {
+        self.kv.new_step_starts();
+        let mut budget = self.cfg.max_num_batched_tokens as usize;
+        let max_len = self.cfg.max_model_len as usize;
+        let mamba = self.cfg.spec.has_mamba();
+        let mut scheduled: Vec<(u64, usize)> = Vec::new();
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let handle = self.running[i];
+            let Some(r) = self.reqs.get(&handle) else {
+                self.running.remove(i);
+                continue;
+            };
+            let mut n = (r.tokens.len() - r.num_computed).min(budget);
+            n = n.min(max_len.saturating_sub(r.num_computed + 1));
+            if mamba {
+                n = self.mamba_split(r, n, 0);
+            }
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let mut ok = false;
+            loop {
+                let r = &self.reqs[&handle];
+                let ctx = Self::ctx(r);
+                if self
+                    .kv
+                    .allocate_slots(&ctx, r.num_computed, n, 0, None, false)
+                    .is_some()
+                {
+                    ok = true;
+                    break;
+                }
+                let Some(victim) = self.running.pop() else {
+                    break;
+                };
+                self.preempt(victim);
+                preempted = true;
+                if victim == handle {
+                    break;
+                }
+            }
+            if !ok {
+                break;
+            }
+            scheduled.push((handle, n));
+            budget -= n;
+            i += 1;
+        }
+        if !preempted {
+            while budget > 0 && self.running.len() < self.cfg.max_num_seqs as usize {
+                let Some(&handle) = self.waiting.front() else {
+                    break;
+                };
+                let Some(r) = self.reqs.get(&handle) else {
+                    self.waiting.pop_front();
+                    continue;
+                };
+                let hit = if r.skip {
+                    Default::default()
+                } else {
+                    self.kv
+                        .find_longest_cache_hit(&r.hashes, r.tokens.len().saturating_sub(1))
+                };
+                let junction = hit.junction();
+                if let Some(r) = self.reqs.get_mut(&handle) {
+                    r.junction = junction;
+                }
+                let r = &self.reqs[&handle];
+                let mut n = (r.tokens.len() - hit.tokens).min(budget);
+                if mamba {
+                    n = self.mamba_split(r, n, hit.tokens);
+                }
+                if n == 0 {
+                    break;
+                }
+                let ctx = Self::ctx(r);
+                if self
+                    .kv
+                    .allocate_slots(&ctx, 0, n, hit.tokens, hit.blocks.as_deref(), true)
+                    .is_none()
+                {
+                    break;
+                }
+                if !r.skip {
+                    self.stats.prefix_cache_queries += r.tokens.len() as u64;
+                    self.stats.prefix_cache_hits += hit.tokens as u64;
+                }
+                self.waiting.pop_front();
+                self.running.push(handle);
+                if let Some(r) = self.reqs.get_mut(&handle) {
+                    if r.num_cached_tokens.is_none() {
+                        r.num_cached_tokens = Some(hit.tokens);
+                    }
+                    r.num_computed = hit.tokens;
+                }
+                scheduled.push((handle, n));
+                budget -= n;
+            }
+        }
+        let mut out = StepOutcome::default();
+        if scheduled.is_empty() {
+            out.events = self.kv.take_events();
+            return out;
+        }
+        let mut work = crate::timing::StepWork::default();
+        for (handle, n) in &scheduled {
+            if let Some(r) = self.reqs.get_mut(handle) {
+                if r.num_computed >= r.prompt_len && *n == 1 {
+                    work.decode(r.num_computed);
+                } else {
+                    work.prefill(r.num_computed, *n);
+                }
+                r.num_computed += n;
+            }
+        }
+        out.duration_s = self.cfg.time.step_seconds(&work);
+        out.scheduled_tokens = scheduled.iter().map(|(_, n)| n).sum();
+        self.now += out.duration_s;
+        self.stats.steps += 1;
+        for (handle, _) in &scheduled {
+            self.sample(*handle, &mut out);
+        }
+        out.events = self.kv.take_events();
+        out
+    }
+
+    fn sample(&mut self, handle: u64, out: &mut StepOutcome) {
+        let now = self.now;
+        let vocab = self.cfg.spec.vocab_size.max(1);
+        let max_len = self.cfg.max_model_len as usize;
+        let Some(r) = self.reqs.get_mut(&handle) else {
+            return;
+        };
+        if r.num_computed < r.tokens.len() {
+            return;
+        }
+        let k = r.outputs();
+        let token = r.forced.get(k).copied().unwrap_or_else(|| {
+            let x = xxhash_rust::xxh3::xxh3_64_with_seed(&(k as u64).to_le_bytes(), r.seed);
+            (x % vocab as u64) as u32
+        });
+        r.tokens.push(token);
+        if r.first_token.is_none() {
+            r.first_token = Some(now);
+        }
+        let done = r.outputs() >= r.max_tokens || r.tokens.len() >= max_len;
+        let finished = done.then(|| Finished {
+            prompt_tokens: r.prompt_len,
+            completion_tokens: r.outputs(),
+            ttft_s: r.first_token.unwrap_or(now) - r.arrival,
+            e2e_s: now - r.arrival,
+            preemptions: r.preemptions,
+        });
+        out.tokens.push(TokenOut {
+            handle,
+            token,
+            num_cached_tokens: r.num_cached_tokens.unwrap_or(0),
+            finished: finished.clone(),
+        });
+        self.stats.generation_tokens += 1;
+        if let Some(f) = finished {
+            self.stats.finished += 1;
+            self.stats.prompt_tokens += f.prompt_tokens as u64;
+            self.running.retain(|h| *h != handle);
+            self.kv.free(handle);
+            self.reqs.remove(&handle);
+        } else {
+            Self::update_hashes(&self.hasher, self.params.hash_block as usize, r);
+        }
+    }
+
+    /// The request's hit if it arrived now (no state change): for tests and the admin view.
+    pub fn peek_hit(&self, prompt: &[u32], salt: Option<&str>) -> usize {
+        let extras = BlockExtras {
+            cache_salt: salt.map(str::to_string),
+            lora: None,
+        };
+        let h = self.params.hash_block as usize;
+        let hashes: Vec<u64> = self
+            .hasher
+            .chain(prompt, h, &extras)
+            .iter()
+            .map(|d| hash::external(d).0)
+            .collect();
+        self.kv
+            .find_longest_cache_hit(&hashes, prompt.len().saturating_sub(1))
+            .tokens
+    }
+}

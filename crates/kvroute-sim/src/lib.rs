@@ -1,0 +1,24 @@
+//! kvroute-sim: a simulated hybrid vLLM engine on the real wire.
+//!
+//! Owns: vLLM 0.32's KV cache manager for full attention, sliding window, chunked local and
+//! align-mode Mamba groups sharing one block pool (`pool`, `groups`, `cache`); its scheduler
+//! and a step time model (`engine`, `timing`); the layouts and presets (`spec`); the ZMQ event
+//! publisher (`wire`, `publisher`); the OpenAI-compatible HTTP server with metrics and fault
+//! hooks (`http`, `worker`); and the in-process fleet API (`fleet`). docs/sim.md is the
+//! reference.
+//! Invariants: the simulator's reported hit is the engine's hit computed by vLLM's rules over
+//! the simulator's own pool, and every cache change is published as vLLM would publish it.
+//! Must not: depend on the router's crates beyond the shared hashing and event model.
+
+pub mod cache;
+pub mod engine;
+pub mod error;
+pub(crate) mod groups;
+pub mod pool;
+pub mod spec;
+pub mod timing;
+
+pub use engine::{Engine, EngineConfig, NewRequest, StepOutcome, TokenOut};
+pub use error::SimError;
+pub use spec::{preset, GroupKind, GroupSpec, ModelSpec, PRESETS};
+pub use timing::TimeModel;
