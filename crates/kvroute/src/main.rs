@@ -3,12 +3,12 @@
 //! Owns: argument parsing (clap) and exit codes. Errors surface through `anyhow` with context.
 //! Must not: hold logic that a library crate should own.
 
-mod conformance;
-mod events;
-mod explain;
-mod tokens;
+use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+use kvroute::gateway::policy::PolicyKind;
+use kvroute::gateway::Gateway;
+use kvroute::{capture, conformance, events, explain, tokens};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use kvroute_index::HashAlgo;
 use std::path::PathBuf;
@@ -71,8 +71,14 @@ enum Cmd {
     /// Apply a file of normalized events and explain the prediction for a request.
     Explain {
         /// Normalized events, JSON lines (see docs/events.md; `kvroute events decode` writes them).
-        #[arg(long)]
-        events: PathBuf,
+        #[arg(long, required_unless_present = "gateway")]
+        events: Option<PathBuf>,
+        /// Ask a running gateway's admin API instead (e.g. http://127.0.0.1:8081).
+        #[arg(long, conflicts_with = "events")]
+        gateway: Option<String>,
+        /// Bearer token of the gateway's admin API.
+        #[arg(long, env = "KVROUTE_ADMIN_TOKEN")]
+        token: Option<String>,
         #[arg(long)]
         tokens: String,
         #[arg(long)]
@@ -91,6 +97,8 @@ enum Cmd {
         #[command(subcommand)]
         cmd: EventsCmd,
     },
+    /// Run the gateway: an OpenAI-compatible router in front of a fleet.
+    Serve(ServeArgs),
     /// Replay recorded corpora and check every prediction against the engine's own hit.
     Conformance {
         /// Corpus directories (kvroute-conformance/1).
@@ -104,8 +112,162 @@ enum Cmd {
     },
 }
 
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration (see docs/operations.md); flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
+    #[arg(long, env = "KVROUTE_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// hybrid-aware | group-blind | round-robin | least-load
+    #[arg(long)]
+    policy: Option<PolicyKind>,
+    /// λ in `uncached + λ·load`.
+    #[arg(long)]
+    lambda: Option<f64>,
+    /// A worker: `name=w0,url=http://127.0.0.1:8000,model=m[,events=tcp://*:5557][,replay=tcp://*:5558]
+    /// [,topic=kv][,dp=2][,hash_algo=sha256_cbor][,hash_seed=S][,content_keys=true]` (repeatable).
+    #[arg(long = "worker")]
+    workers: Vec<String>,
+    /// Attach the routing decision to every response.
+    #[arg(long)]
+    explain_always: bool,
+}
+
+fn parse_worker(s: &str) -> Result<WorkerSpec> {
+    let mut w = WorkerSpec::new("", "", "");
+    let mut kv: Option<KvEventsSpec> = None;
+    for part in s.split(',') {
+        let Some((k, v)) = part.split_once('=') else {
+            bail!("worker {s:?}: expected key=value, got {part:?}")
+        };
+        let v = v.trim().to_string();
+        let ev = || KvEventsSpec {
+            endpoint: String::new(),
+            replay_endpoint: None,
+            topic: String::new(),
+            host: None,
+            dialect: "vllm".into(),
+        };
+        match k.trim() {
+            "name" => w.name = v,
+            "url" => w.url = v,
+            "model" => w.model = v,
+            "events" => kv.get_or_insert_with(ev).endpoint = v,
+            "replay" => kv.get_or_insert_with(ev).replay_endpoint = Some(v),
+            "topic" => kv.get_or_insert_with(ev).topic = v,
+            "host" => kv.get_or_insert_with(ev).host = Some(v),
+            "dialect" => kv.get_or_insert_with(ev).dialect = v,
+            "dp" | "dp_size" => w.dp_size = v.parse()?,
+            "hash_algo" => w.hash_algo = v,
+            "hash_seed" => w.hash_seed = Some(v),
+            "hash_block_size" => w.hash_block_size = Some(v.parse()?),
+            "chunk_size" => w.chunk_size = Some(v.parse()?),
+            "content_keys" => w.content_keys = v.parse()?,
+            "model_dir" => w.model_dir = Some(v.into()),
+            other => bail!("worker {s:?}: unknown key {other:?}"),
+        }
+    }
+    if let Some(k) = &kv {
+        if k.endpoint.is_empty() {
+            bail!("worker {s:?}: replay/topic given without events=");
+        }
+    }
+    w.kv_events = kv;
+    w.validate().map_err(anyhow::Error::msg)?;
+    Ok(w)
+}
+
+async fn serve(a: ServeArgs) -> Result<()> {
+    let mut cfg = match &a.config {
+        Some(p) => GatewayConfig::from_toml(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )
+        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+        None => GatewayConfig::default(),
+    };
+    if let Some(l) = a.listen {
+        cfg.listen = l;
+    }
+    if let Some(l) = a.admin_listen {
+        cfg.admin_listen = l;
+    }
+    if a.admin_token.is_some() {
+        cfg.admin_token = a.admin_token.clone();
+    }
+    if let Some(p) = a.policy {
+        cfg.policy = p;
+    }
+    if let Some(l) = a.lambda {
+        cfg.weights.lambda = l;
+    }
+    cfg.explain_always |= a.explain_always;
+    for w in &a.workers {
+        cfg.workers.push(parse_worker(w)?);
+    }
+    let handle = Gateway::start(cfg).await?;
+    eprintln!(
+        "kvroute listening on http://{} (admin http://{})",
+        handle.addr, handle.admin_addr
+    );
+    tokio::signal::ctrl_c().await?;
+    handle.shutdown().await;
+    Ok(())
+}
+
+async fn explain_remote(
+    url: &str,
+    token: Option<&str>,
+    tokens: Vec<u32>,
+    salt: Option<String>,
+) -> Result<()> {
+    let client = reqwest::Client::new();
+    let mut req = client
+        .post(format!("{}/admin/explain", url.trim_end_matches('/')))
+        .json(&serde_json::json!({"tokens": tokens, "cache_salt": salt}));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await?;
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await?;
+    if !status.is_success() {
+        bail!("gateway answered {status}: {body}");
+    }
+    println!("{}", serde_json::to_string_pretty(&body)?);
+    Ok(())
+}
+
 #[derive(Subcommand)]
 enum EventsCmd {
+    /// Record an engine's raw event messages as JSON lines (the corpus frame format).
+    Capture {
+        /// Where to subscribe: `tcp://HOST:PORT` (connect) or, with --bind, the address to bind.
+        #[arg(long)]
+        endpoint: String,
+        #[arg(long)]
+        bind: bool,
+        /// The engine's replay endpoint: capture its buffered history first.
+        #[arg(long)]
+        replay: Option<String>,
+        #[arg(long, default_value = "")]
+        topic: String,
+        /// Worker name written into each line.
+        #[arg(long, default_value = "w0")]
+        worker: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Stop after this many messages.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        seconds: Option<f64>,
+    },
     /// Decode captured raw messages into normalized events (JSON lines on stdout; counts on stderr).
     Decode {
         file: PathBuf,
@@ -115,7 +277,8 @@ enum EventsCmd {
     },
 }
 
-fn main() -> Result<()> {
+#[tokio::main]
+async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -132,6 +295,8 @@ fn main() -> Result<()> {
         }
         Cmd::Explain {
             events,
+            gateway,
+            token,
             tokens,
             salt,
             worker,
@@ -139,15 +304,47 @@ fn main() -> Result<()> {
             json,
         } => {
             let toks = tokens::parse_tokens(&tokens)?;
-            explain::explain(
-                &events,
-                toks,
-                salt,
-                worker.as_deref(),
-                &hash.settings(),
-                json,
-                &mut out,
-            )
+            match (events, gateway) {
+                (_, Some(url)) => explain_remote(&url, token.as_deref(), toks, salt).await,
+                (Some(ev), None) => explain::explain(
+                    &ev,
+                    toks,
+                    salt,
+                    worker.as_deref(),
+                    &hash.settings(),
+                    json,
+                    &mut out,
+                ),
+                (None, None) => bail!("give --events FILE or --gateway URL"),
+            }
+        }
+        Cmd::Serve(a) => serve(a).await,
+        Cmd::Events {
+            cmd:
+                EventsCmd::Capture {
+                    endpoint,
+                    bind,
+                    replay,
+                    topic,
+                    worker,
+                    out: path,
+                    count,
+                    seconds,
+                },
+        } => {
+            let n = capture::capture(capture::CaptureOptions {
+                endpoint,
+                bind,
+                replay,
+                topic,
+                worker,
+                out: path.clone(),
+                count,
+                duration: seconds.map(std::time::Duration::from_secs_f64),
+            })
+            .await?;
+            eprintln!("{n} messages written to {}", path.display());
+            Ok(())
         }
         Cmd::Events {
             cmd: EventsCmd::Decode { file, dialect },

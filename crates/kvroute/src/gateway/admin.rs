@@ -1,0 +1,145 @@
+//! The admin API: list, add, remove and drain workers; switch the policy; explain a request.
+//!
+//! Owns: `/admin/*` on the admin listener (loopback unless configured), behind a bearer token
+//! when one is configured. Adding a worker starts its event subscriptions; removing it drops
+//! its index state.
+//! Must not: be reachable without the token when a token is set.
+
+use super::config::WorkerSpec;
+use super::decide::{candidates_for, decide};
+use super::policy::PolicyKind;
+use super::proxy::error;
+use super::registry::RegistryError;
+use super::AppState;
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+
+pub async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(token) = &st.config.admin_token {
+        let ok = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes()));
+        if !ok {
+            return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+        }
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn registry_error(e: RegistryError) -> Response {
+    match e {
+        RegistryError::Exists(_) => error(StatusCode::CONFLICT, e.to_string()),
+        RegistryError::Unknown(_) => error(StatusCode::NOT_FOUND, e.to_string()),
+        RegistryError::Invalid(_) => error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
+pub async fn list(State(st): State<Arc<AppState>>) -> Response {
+    let workers: Vec<_> = st.registry.all().iter().map(|w| w.view()).collect();
+    Json(json!({"policy": st.policy().name(), "workers": workers, "index": st.registry.index.stats()})).into_response()
+}
+
+pub async fn add(State(st): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+    let spec: WorkerSpec = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid worker spec: {e}")),
+    };
+    match st.registry.add(spec) {
+        Ok(w) => (StatusCode::CREATED, Json(w.view())).into_response(),
+        Err(e) => registry_error(e),
+    }
+}
+
+pub async fn remove(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    match st.registry.remove(&name).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => registry_error(e),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct DrainBody {
+    #[serde(default = "yes")]
+    drain: bool,
+}
+fn yes() -> bool {
+    true
+}
+
+pub async fn drain(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    body: Option<Json<DrainBody>>,
+) -> Response {
+    let drain = body.map_or(true, |b| b.drain);
+    match st.registry.drain(&name, drain) {
+        Ok(()) => Json(json!({"worker": name, "draining": drain})).into_response(),
+        Err(e) => registry_error(e),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct PolicyBody {
+    policy: String,
+}
+
+pub async fn set_policy(State(st): State<Arc<AppState>>, Json(b): Json<PolicyBody>) -> Response {
+    match b.policy.parse::<PolicyKind>() {
+        Ok(p) => {
+            *st.policy.write() = p;
+            Json(json!({"policy": p.name()})).into_response()
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ExplainBody {
+    tokens: Vec<u32>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    cache_salt: Option<String>,
+}
+
+/// Every worker's prediction and the decision the gateway would take now.
+pub async fn explain(State(st): State<Arc<AppState>>, Json(b): Json<ExplainBody>) -> Response {
+    let q = kvroute_index::Query {
+        tokens: b.tokens.clone(),
+        extras: kvroute_index::BlockExtras {
+            cache_salt: b.cache_salt.clone(),
+            lora: None,
+        },
+        skip_prefix_cache: false,
+    };
+    let predictions = st.registry.index.predict_all(&q);
+    let model = b
+        .model
+        .or_else(|| st.registry.models().into_iter().next())
+        .unwrap_or_default();
+    let workers = candidates_for(&st.registry, &model);
+    let ranked = decide(
+        &st.registry,
+        &workers,
+        &b.tokens,
+        b.cache_salt,
+        false,
+        st.policy(),
+        &st.config.weights,
+        0,
+    );
+    Json(json!({"predictions": predictions, "decision": ranked.decision})).into_response()
+}

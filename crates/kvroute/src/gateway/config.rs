@@ -1,0 +1,340 @@
+//! Gateway configuration: the TOML file and the worker specs, in vLLM's own vocabulary.
+//!
+//! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token) and
+//! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
+//! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
+//! `PYTHONHASHSEED`), with validation that names the offending field.
+//! Must not: start anything.
+
+use super::policy::PolicyKind;
+use kvroute_index::{HashAlgo, HashMode, LookupConfig, WorkerConfig};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// vLLM's `--kv-events-config`, as the engine was started with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventsSpec {
+    /// The engine's `endpoint`. vLLM binds wildcard endpoints (`tcp://*:5557`): the router
+    /// connects to `host`:5557. vLLM *connects* to concrete tcp addresses
+    /// (`tcp://10.0.0.9:5557`): the router binds that address, which must be its own.
+    pub endpoint: String,
+    /// The engine's `replay_endpoint`, if configured.
+    #[serde(default)]
+    pub replay_endpoint: Option<String>,
+    #[serde(default)]
+    pub topic: String,
+    /// Host to connect to when the endpoint is a wildcard (`*`); defaults to the URL's host.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// `vllm` (default) or `sglang`.
+    #[serde(default = "default_dialect")]
+    pub dialect: String,
+}
+
+fn default_dialect() -> String {
+    "vllm".into()
+}
+
+/// One engine behind the gateway.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSpec {
+    pub name: String,
+    /// Base URL of the OpenAI-compatible server, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// The served model name(s).
+    pub model: String,
+    #[serde(default)]
+    pub kv_events: Option<KvEventsSpec>,
+    /// `--data-parallel-size` of the engine: ranks publish on `port + rank`.
+    #[serde(default = "one")]
+    pub dp_size: u32,
+    /// `--prefix-caching-hash-algo`: `sha256` (default), `sha256_cbor`; anything else (xxhash)
+    /// needs `content_keys`.
+    #[serde(default = "default_algo")]
+    pub hash_algo: String,
+    /// The engine's `PYTHONHASHSEED`, if set (else vLLM's default seed).
+    #[serde(default)]
+    pub hash_seed: Option<String>,
+    /// `--prefix-match-unit`, if set.
+    #[serde(default)]
+    pub hash_block_size: Option<u32>,
+    /// Chunk of chunked local attention (the model's `attention_chunk_size`).
+    #[serde(default)]
+    pub chunk_size: Option<u32>,
+    /// Key blocks by the router's own content keys (SGLang; xxhash engines).
+    #[serde(default)]
+    pub content_keys: bool,
+    /// A model directory with `tokenizer.json` (and `tokenizer_config.json`'s chat template):
+    /// the gateway tokenizes itself instead of asking the worker's `/tokenize`.
+    #[serde(default)]
+    pub model_dir: Option<PathBuf>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn default_algo() -> String {
+    "sha256".into()
+}
+
+impl WorkerSpec {
+    pub fn new(name: &str, url: &str, model: &str) -> WorkerSpec {
+        WorkerSpec {
+            name: name.into(),
+            url: url.into(),
+            model: model.into(),
+            kv_events: None,
+            dp_size: 1,
+            hash_algo: default_algo(),
+            hash_seed: None,
+            hash_block_size: None,
+            chunk_size: None,
+            content_keys: false,
+            model_dir: None,
+        }
+    }
+
+    /// The index configuration this worker needs.
+    pub fn index_config(&self) -> Result<WorkerConfig, String> {
+        let hash = if self.content_keys
+            || self
+                .kv_events
+                .as_ref()
+                .is_some_and(|k| k.dialect == "sglang")
+        {
+            HashMode::ContentKey
+        } else {
+            let algo: HashAlgo = self
+                .hash_algo
+                .parse()
+                .map_err(|e| format!("worker {}: {e}", self.name))?;
+            HashMode::Engine {
+                algo,
+                seed: self
+                    .hash_seed
+                    .clone()
+                    .unwrap_or_else(|| kvroute_index::hash::DEFAULT_SEED.into()),
+            }
+        };
+        Ok(WorkerConfig {
+            hash,
+            lookup: LookupConfig {
+                hash_block_size: self.hash_block_size,
+                chunk_size: self.chunk_size,
+            },
+            verify_hashes: true,
+        })
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() || self.name.len() > 128 || self.name.contains(char::is_whitespace)
+        {
+            return Err(format!(
+                "worker name {:?}: 1-128 characters, no spaces",
+                self.name
+            ));
+        }
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return Err(format!(
+                "worker {}: url must start with http:// or https://",
+                self.name
+            ));
+        }
+        if self.model.is_empty() {
+            return Err(format!("worker {}: model is empty", self.name));
+        }
+        if self.dp_size == 0 || self.dp_size > 1024 {
+            return Err(format!("worker {}: dp_size must be 1..=1024", self.name));
+        }
+        if let Some(k) = &self.kv_events {
+            if kvroute_wire::Dialect::parse(&k.dialect).is_none() {
+                return Err(format!(
+                    "worker {}: kv_events.dialect must be vllm or sglang",
+                    self.name
+                ));
+            }
+        }
+        self.index_config().map(|_| ())
+    }
+
+    /// The host to reach this worker's wildcard event endpoints on.
+    pub fn event_host(&self) -> String {
+        if let Some(h) = self.kv_events.as_ref().and_then(|k| k.host.clone()) {
+            return h;
+        }
+        let rest = self.url.split("://").nth(1).unwrap_or("127.0.0.1");
+        let hostport = rest.split('/').next().unwrap_or("127.0.0.1");
+        match hostport.rsplit_once(':') {
+            Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
+            None => hostport.to_string(),
+        }
+    }
+}
+
+/// Weights of the routing cost `uncached + lambda * load` (all in tokens).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyWeights {
+    /// λ: how many tokens of extra prefill one token of queued load is worth.
+    #[serde(default = "default_lambda")]
+    pub lambda: f64,
+    /// Load tokens charged per in-flight request (its decode work).
+    #[serde(default = "default_request_tokens")]
+    pub tokens_per_request: f64,
+}
+
+fn default_lambda() -> f64 {
+    1.0
+}
+fn default_request_tokens() -> f64 {
+    64.0
+}
+
+impl Default for PolicyWeights {
+    fn default() -> Self {
+        PolicyWeights {
+            lambda: default_lambda(),
+            tokens_per_request: default_request_tokens(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The admin API; loopback unless configured otherwise.
+    #[serde(default = "default_admin")]
+    pub admin_listen: SocketAddr,
+    /// Bearer token for the admin API (required when it listens beyond loopback).
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    #[serde(default)]
+    pub policy: PolicyKind,
+    #[serde(default)]
+    pub weights: PolicyWeights,
+    /// Request bodies larger than this are refused with 413.
+    #[serde(default = "default_body")]
+    pub max_body_bytes: usize,
+    /// Attach `x-kvroute-decision` to every response, not only when asked.
+    #[serde(default)]
+    pub explain_always: bool,
+    /// Seconds between health checks of a healthy worker.
+    #[serde(default = "default_health")]
+    pub health_interval_secs: f64,
+    /// Upstream request timeout, seconds.
+    #[serde(default = "default_timeout")]
+    pub request_timeout_secs: f64,
+    #[serde(default)]
+    pub workers: Vec<WorkerSpec>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_admin() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8081))
+}
+fn default_body() -> usize {
+    16 * 1024 * 1024
+}
+fn default_health() -> f64 {
+    2.0
+}
+fn default_timeout() -> f64 {
+    600.0
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: default_listen(),
+            admin_listen: default_admin(),
+            admin_token: None,
+            policy: PolicyKind::default(),
+            weights: PolicyWeights::default(),
+            max_body_bytes: default_body(),
+            explain_always: false,
+            health_interval_secs: default_health(),
+            request_timeout_secs: default_timeout(),
+            workers: Vec::new(),
+        }
+    }
+}
+
+impl GatewayConfig {
+    pub fn from_toml(text: &str) -> Result<GatewayConfig, String> {
+        let c: GatewayConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.admin_listen.ip().is_loopback() && self.admin_token.is_none() {
+            return Err("admin_listen is not loopback: set admin_token".into());
+        }
+        if !(self.weights.lambda.is_finite() && self.weights.lambda >= 0.0) {
+            return Err("weights.lambda must be a finite number ≥ 0".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for w in &self.workers {
+            w.validate()?;
+            if !names.insert(&w.name) {
+                return Err(format!("worker {} is listed twice", w.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_toml_config_reads_like_vllm_flags() {
+        let c = GatewayConfig::from_toml(
+            r#"
+            listen = "127.0.0.1:9000"
+            policy = "group-blind"
+            [[workers]]
+            name = "w0"
+            url = "http://127.0.0.1:8000"
+            model = "qwen3-next"
+            hash_algo = "sha256_cbor"
+            hash_seed = "1234"
+            dp_size = 2
+            [workers.kv_events]
+            endpoint = "tcp://*:5557"
+            replay_endpoint = "tcp://*:5558"
+            topic = "kv"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.policy, PolicyKind::GroupBlind);
+        assert_eq!(c.workers[0].dp_size, 2);
+        assert_eq!(c.workers[0].event_host(), "127.0.0.1");
+        assert!(matches!(
+            c.workers[0].index_config().unwrap().hash,
+            HashMode::Engine { .. }
+        ));
+    }
+
+    #[test]
+    fn bad_configs_name_the_offending_field() {
+        let e = GatewayConfig::from_toml("[[workers]]\nname='a'\nurl='ftp://x'\nmodel='m'\n")
+            .unwrap_err();
+        assert!(e.contains("url"), "{e}");
+        let e = GatewayConfig::from_toml("admin_listen='0.0.0.0:1'\n").unwrap_err();
+        assert!(e.contains("admin_token"), "{e}");
+        let e = GatewayConfig::from_toml(
+            "[[workers]]\nname='a'\nurl='http://x'\nmodel='m'\nhash_algo='xxhash'\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("content"), "{e}");
+    }
+}

@@ -1,0 +1,113 @@
+//! One routing decision: candidates, predictions, ranking, and the evidence to show for it.
+//!
+//! Owns: turning (request tokens, salt, model) into a ranked candidate list under the
+//! configured policy, from the index's per-rank predictions and the registry's load figures;
+//! and the `x-kvroute-decision` evidence.
+//! Invariants: only routable workers serving the model are candidates; a worker's prediction
+//! is the best of its DP ranks (the engine's own balancer picks the rank).
+//! Must not: send anything upstream.
+
+use super::config::PolicyWeights;
+use super::policy::{rank, Candidate, PolicyKind};
+use super::registry::{Registry, Worker};
+use kvroute_index::rules::GroupEvidence;
+use kvroute_index::{BlockExtras, Query};
+use serde::Serialize;
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Decision {
+    pub policy: &'static str,
+    pub worker: String,
+    pub prompt_tokens: usize,
+    pub predicted_cached: u64,
+    /// Each group of the chosen worker's best rank, alone.
+    pub groups: Vec<GroupEvidence>,
+    pub candidates: Vec<Candidate>,
+    pub decision_us: u64,
+}
+
+pub struct Ranked {
+    pub order: Vec<Arc<Worker>>,
+    pub decision: Decision,
+}
+
+pub fn candidates_for(registry: &Registry, model: &str) -> Vec<Arc<Worker>> {
+    registry
+        .all()
+        .into_iter()
+        .filter(|w| w.spec.model == model && w.routable())
+        .collect()
+}
+
+/// Ranks `workers` for a request.
+pub fn decide(
+    registry: &Registry,
+    workers: &[Arc<Worker>],
+    tokens: &[u32],
+    salt: Option<String>,
+    skip_prefix_cache: bool,
+    policy: PolicyKind,
+    weights: &PolicyWeights,
+    rr: u64,
+) -> Ranked {
+    let start = std::time::Instant::now();
+    let q = Query {
+        tokens: tokens.to_vec(),
+        extras: BlockExtras {
+            cache_salt: salt,
+            lora: None,
+        },
+        skip_prefix_cache,
+    };
+    let n = tokens.len() as u64;
+    let mut evidence: Vec<(String, Vec<GroupEvidence>)> = Vec::new();
+    let mut cands = Vec::with_capacity(workers.len());
+    for w in workers {
+        let mut best = (0u64, Vec::new());
+        if policy.uses_cache() {
+            for rank in 0..w.spec.dp_size {
+                let p = registry.index.predict(&w.id, rank, &q);
+                let v = if policy == PolicyKind::GroupBlind {
+                    p.group_blind.min(n.saturating_sub(1))
+                } else {
+                    p.cached
+                };
+                if v > best.0 || best.1.is_empty() {
+                    best = (v, p.groups);
+                }
+            }
+        }
+        evidence.push((w.spec.name.clone(), best.1));
+        cands.push(Candidate {
+            worker: w.spec.name.clone(),
+            predicted_cached: best.0,
+            uncached: n - best.0.min(n),
+            load: w.load_tokens(weights.tokens_per_request),
+            cost: 0.0,
+        });
+    }
+    let ranked = rank(policy, cands, weights.lambda, rr);
+    let order: Vec<Arc<Worker>> = ranked
+        .iter()
+        .filter_map(|c| workers.iter().find(|w| w.spec.name == c.worker).cloned())
+        .collect();
+    let first = ranked.first().cloned();
+    let groups = first
+        .as_ref()
+        .and_then(|c| evidence.iter().find(|(w, _)| *w == c.worker))
+        .map(|(_, g)| g.clone())
+        .unwrap_or_default();
+    Ranked {
+        order,
+        decision: Decision {
+            policy: policy.name(),
+            worker: first.as_ref().map(|c| c.worker.clone()).unwrap_or_default(),
+            prompt_tokens: tokens.len(),
+            predicted_cached: first.as_ref().map_or(0, |c| c.predicted_cached),
+            groups,
+            candidates: ranked,
+            decision_us: start.elapsed().as_micros() as u64,
+        },
+    }
+}

@@ -1,0 +1,90 @@
+//! Health checks and engine load: `/health` and `/metrics` of every worker, with backoff.
+//!
+//! Owns: the background loop that probes each worker when due (healthy: every interval;
+//! failing: exponential backoff up to 30 s) and reads `vllm:num_requests_running` and
+//! `vllm:num_requests_waiting` from its Prometheus text.
+//! Must not: remove workers (only mark them).
+
+use super::registry::Registry;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Sum of a metric's samples (all label sets) in Prometheus text.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let Some(v) = value {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+pub async fn run(
+    registry: Arc<Registry>,
+    client: reqwest::Client,
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let now = Instant::now();
+        for w in registry.all() {
+            if *w.next_check.lock() > now {
+                continue;
+            }
+            let base = w.spec.url.trim_end_matches('/').to_string();
+            let ok = matches!(
+                client.get(format!("{base}/health")).timeout(Duration::from_secs(2)).send().await,
+                Ok(r) if r.status().is_success()
+            );
+            if ok {
+                w.mark_success();
+                *w.next_check.lock() = Instant::now() + interval;
+                if let Ok(r) = client
+                    .get(format!("{base}/metrics"))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await
+                {
+                    if let Ok(text) = r.text().await {
+                        if let Some(v) = metric_sum(&text, "vllm:num_requests_running") {
+                            w.engine_running.store(v.max(0.0) as u64, Ordering::Relaxed);
+                        }
+                        if let Some(v) = metric_sum(&text, "vllm:num_requests_waiting") {
+                            w.engine_waiting.store(v.max(0.0) as u64, Ordering::Relaxed);
+                        }
+                    }
+                }
+            } else {
+                w.mark_failure();
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval.min(Duration::from_millis(250))) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sums_cover_every_label_set() {
+        let t = "# HELP x\nvllm:num_requests_running{engine=\"0\"} 2.0\nvllm:num_requests_running{engine=\"1\"} 3\nvllm:num_requests_running_total 9\n";
+        assert_eq!(metric_sum(t, "vllm:num_requests_running"), Some(5.0));
+        assert_eq!(metric_sum(t, "vllm:num_requests_waiting"), None);
+    }
+}

@@ -1,0 +1,209 @@
+//! The gateway's Prometheus metrics.
+//!
+//! Owns: the registry and every metric the gateway publishes: requests and decisions by policy
+//! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
+//! decision and proxy latency, plus, rendered at scrape time, the index's counters and size and
+//! the wire intake's counters.
+//! Invariants: metric names are stable, prefixed `kvroute_`.
+//! Must not: block a request on anything but an atomic update.
+
+use kvroute_index::Index;
+use kvroute_wire::WireStats;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub decisions: IntCounterVec,
+    pub prediction_error: HistogramVec,
+    pub predicted_cached: IntCounterVec,
+    pub reported_cached: IntCounterVec,
+    pub decision_seconds: HistogramVec,
+    pub proxy_seconds: HistogramVec,
+    pub retries: IntCounterVec,
+    index_counters: IntGaugeVec,
+    index_size: IntGaugeVec,
+    wire: IntGaugeVec,
+}
+
+fn must<T>(r: prometheus::Result<T>) -> T {
+    match r {
+        Ok(v) => v,
+        // Metric definitions are static: a failure here is a programming error caught by tests.
+        Err(e) => panic!("metric definition: {e}"),
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let requests = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_requests_total",
+                "Requests by endpoint and status class",
+            ),
+            &["endpoint", "status"],
+        ));
+        let decisions = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_decisions_total",
+                "Routing decisions by policy and worker",
+            ),
+            &["policy", "worker"],
+        ));
+        let prediction_error = must(HistogramVec::new(
+            HistogramOpts::new(
+                "kvroute_prediction_error_tokens",
+                "Predicted minus engine-reported cached tokens",
+            )
+            .buckets(vec![
+                -4096.0, -1024.0, -256.0, -64.0, -16.0, -1.0, 0.0, 1.0, 16.0, 64.0, 256.0, 1024.0,
+                4096.0,
+            ]),
+            &["worker"],
+        ));
+        let predicted_cached = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_predicted_cached_tokens_total",
+                "Cached tokens predicted for routed requests",
+            ),
+            &["worker"],
+        ));
+        let reported_cached = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_reported_cached_tokens_total",
+                "Cached tokens the engine reported",
+            ),
+            &["worker"],
+        ));
+        let decision_seconds = must(HistogramVec::new(
+            HistogramOpts::new(
+                "kvroute_decision_seconds",
+                "Time to choose a worker (hashing and prediction included)",
+            )
+            .buckets(vec![
+                1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2,
+            ]),
+            &["policy"],
+        ));
+        let proxy_seconds = must(HistogramVec::new(
+            HistogramOpts::new("kvroute_proxy_seconds", "Upstream time to the first byte")
+                .buckets(prometheus::exponential_buckets(0.001, 2.0, 16).unwrap_or_default()),
+            &["worker"],
+        ));
+        let retries = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_retries_total",
+                "Requests retried on the next-best worker",
+            ),
+            &["worker"],
+        ));
+        let index_counters = must(IntGaugeVec::new(
+            Opts::new("kvroute_index_events", "Index counters (monotonic)"),
+            &["counter"],
+        ));
+        let index_size = must(IntGaugeVec::new(
+            Opts::new("kvroute_index_size", "Index size"),
+            &["what"],
+        ));
+        let wire = must(IntGaugeVec::new(
+            Opts::new("kvroute_wire", "Wire intake counters (monotonic)"),
+            &["counter"],
+        ));
+        for c in [
+            &requests,
+            &decisions,
+            &predicted_cached,
+            &reported_cached,
+            &retries,
+        ] {
+            must(registry.register(Box::new(c.clone())));
+        }
+        for h in [&prediction_error, &decision_seconds, &proxy_seconds] {
+            must(registry.register(Box::new(h.clone())));
+        }
+        for g in [&index_counters, &index_size, &wire] {
+            must(registry.register(Box::new(g.clone())));
+        }
+        Metrics {
+            registry,
+            requests,
+            decisions,
+            prediction_error,
+            predicted_cached,
+            reported_cached,
+            decision_seconds,
+            proxy_seconds,
+            retries,
+            index_counters,
+            index_size,
+            wire,
+        }
+    }
+
+    /// The text exposition, with index and wire figures refreshed.
+    pub fn render(&self, index: &Index, wire: &WireStats) -> String {
+        for (name, v) in index.counters().snapshot() {
+            self.index_counters.with_label_values(&[name]).set(v as i64);
+        }
+        let s = index.stats();
+        self.index_size
+            .with_label_values(&["ranks"])
+            .set(s.ranks as i64);
+        self.index_size
+            .with_label_values(&["holders"])
+            .set(s.holders as i64);
+        self.index_size
+            .with_label_values(&["block_copies"])
+            .set(s.block_copies as i64);
+        self.index_size
+            .with_label_values(&["heap_bytes"])
+            .set(s.heap_bytes as i64);
+        if let Ok(v) = serde_json::to_value(wire.snapshot()) {
+            flatten("", &v, &mut |k, n| self.wire.with_label_values(&[k]).set(n));
+        }
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Numeric leaves of a JSON value as `a_b_c` names (per-worker detail stays out of labels).
+fn flatten(prefix: &str, v: &serde_json::Value, f: &mut impl FnMut(&str, i64)) {
+    match v {
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64().or_else(|| n.as_f64().map(|x| x as i64)) {
+                f(prefix, i);
+            }
+        }
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}_{k}")
+                };
+                let key: String = key
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '_' {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                flatten(&key, x, f);
+            }
+        }
+        _ => {}
+    }
+}

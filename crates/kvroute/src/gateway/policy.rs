@@ -1,0 +1,169 @@
+//! Routing policies: which worker a request goes to.
+//!
+//! Owns: `PolicyKind` (`hybrid-aware`, `group-blind`, `round-robin`, `least-load`) and the
+//! ranking of candidates by cost `uncached + λ·load` (tokens), ties broken by load, then name.
+//! Invariants: ranking is deterministic for equal inputs (round-robin aside); every candidate
+//! appears once in the ranking, best first (the retry takes the next one).
+//! Must not: look at sockets or the index: it ranks numbers the caller computed.
+
+use serde::{Deserialize, Serialize};
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// The index's exact per-group prediction.
+    #[default]
+    HybridAware,
+    /// Only the full-attention groups' prefix (what other routers predict), for A/B runs.
+    GroupBlind,
+    RoundRobin,
+    LeastLoad,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::HybridAware,
+        PolicyKind::GroupBlind,
+        PolicyKind::RoundRobin,
+        PolicyKind::LeastLoad,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::HybridAware => "hybrid-aware",
+            PolicyKind::GroupBlind => "group-blind",
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::LeastLoad => "least-load",
+        }
+    }
+
+    /// Whether the policy reads the cache index at all.
+    pub fn uses_cache(self) -> bool {
+        matches!(self, PolicyKind::HybridAware | PolicyKind::GroupBlind)
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown policy {s:?} (hybrid-aware | group-blind | round-robin | least-load)"
+                )
+            })
+    }
+}
+
+/// What the gateway knows about one candidate for one request.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Candidate {
+    pub worker: String,
+    /// Predicted cached tokens under this policy's view of the cache.
+    pub predicted_cached: u64,
+    /// Prompt tokens minus `predicted_cached`.
+    pub uncached: u64,
+    /// Load in tokens (queued prefill + per-request decode charge).
+    pub load: f64,
+    /// `uncached + λ·load` (cache policies), `load` (least-load), position (round-robin).
+    pub cost: f64,
+}
+
+/// Ranks candidates best first. `rr` is the round-robin counter for this request.
+pub fn rank(policy: PolicyKind, mut cands: Vec<Candidate>, lambda: f64, rr: u64) -> Vec<Candidate> {
+    if cands.is_empty() {
+        return cands;
+    }
+    cands.sort_by(|a, b| a.worker.cmp(&b.worker));
+    match policy {
+        PolicyKind::RoundRobin => {
+            let n = cands.len();
+            let start = (rr % n as u64) as usize;
+            cands.rotate_left(start);
+            for (i, c) in cands.iter_mut().enumerate() {
+                c.cost = i as f64;
+            }
+            return cands;
+        }
+        PolicyKind::LeastLoad => {
+            for c in cands.iter_mut() {
+                c.cost = c.load;
+            }
+        }
+        PolicyKind::HybridAware | PolicyKind::GroupBlind => {
+            for c in cands.iter_mut() {
+                c.cost = c.uncached as f64 + lambda * c.load;
+            }
+        }
+    }
+    cands.sort_by(|a, b| {
+        a.cost
+            .total_cmp(&b.cost)
+            .then(a.load.total_cmp(&b.load))
+            .then_with(|| a.worker.cmp(&b.worker))
+    });
+    cands
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(w: &str, cached: u64, n: u64, load: f64) -> Candidate {
+        Candidate {
+            worker: w.into(),
+            predicted_cached: cached,
+            uncached: n - cached,
+            load,
+            cost: 0.0,
+        }
+    }
+
+    #[test]
+    fn the_warm_worker_wins_until_its_load_outweighs_the_saved_prefill() {
+        let r = rank(
+            PolicyKind::HybridAware,
+            vec![c("a", 0, 1000, 0.0), c("b", 800, 1000, 100.0)],
+            1.0,
+            0,
+        );
+        assert_eq!(r[0].worker, "b");
+        let r = rank(
+            PolicyKind::HybridAware,
+            vec![c("a", 0, 1000, 0.0), c("b", 800, 1000, 900.0)],
+            1.0,
+            0,
+        );
+        assert_eq!(r[0].worker, "a");
+    }
+
+    #[test]
+    fn ties_break_by_load_then_name() {
+        let r = rank(
+            PolicyKind::HybridAware,
+            vec![c("b", 0, 10, 0.0), c("a", 5, 10, 0.0), c("c", 0, 10, 5.0)],
+            0.0,
+            0,
+        );
+        assert_eq!(
+            r.iter().map(|x| x.worker.as_str()).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+    }
+
+    #[test]
+    fn round_robin_rotates_and_least_load_ignores_the_cache() {
+        let cands = vec![c("a", 0, 10, 3.0), c("b", 9, 10, 1.0), c("c", 0, 10, 2.0)];
+        let r = rank(PolicyKind::RoundRobin, cands.clone(), 1.0, 4);
+        assert_eq!(r[0].worker, "b");
+        let r = rank(PolicyKind::LeastLoad, cands, 1.0, 0);
+        assert_eq!(r[0].worker, "b");
+        assert_eq!(
+            "group-blind".parse::<PolicyKind>(),
+            Ok(PolicyKind::GroupBlind)
+        );
+    }
+}

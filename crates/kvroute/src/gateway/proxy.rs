@@ -1,0 +1,432 @@
+//! The OpenAI-compatible front: `/v1/completions`, `/v1/chat/completions`, `/v1/models`,
+//! `/health`, `/metrics`.
+//!
+//! Owns: request validation and OpenAI-style errors (400 malformed, 404 unknown model, 413 too
+//! large, 503 + `Retry-After` when no worker is healthy, 502 when the chosen worker fails and no
+//! retry is possible), tokenization, the decision, forwarding (SSE passed through chunk by
+//! chunk, never buffered whole), one retry on the next-best worker when the upstream failed
+//! before any byte reached the client, load accounting, and recording the engine-reported
+//! cached tokens against the prediction.
+//! Must not: rewrite the request body or the response (besides the decision header).
+
+use super::decide::{candidates_for, decide, Decision};
+use super::registry::{LoadGuard, Worker};
+use super::tokenize::{prompt_input, PromptInput, TokenizeError};
+use super::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let kind = match status.as_u16() {
+        400 => "BadRequestError",
+        404 => "NotFoundError",
+        413 => "RequestTooLargeError",
+        502 => "BadGatewayError",
+        503 => "ServiceUnavailableError",
+        _ => "InternalServerError",
+    };
+    let mut r = (status, Json(json!({"error": {"message": message.into(), "type": kind, "param": null, "code": status.as_u16()}}))).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+    }
+    r
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Chat => "/v1/chat/completions",
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "completions",
+            Endpoint::Chat => "chat",
+        }
+    }
+}
+
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(st, headers, body, Endpoint::Completions).await
+}
+
+pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(st, headers, body, Endpoint::Chat).await
+}
+
+async fn handle(st: Arc<AppState>, headers: HeaderMap, body: Body, ep: Endpoint) -> Response {
+    let r = route(&st, &headers, body, ep).await;
+    let class = format!("{}xx", r.status().as_u16() / 100);
+    st.metrics
+        .requests
+        .with_label_values(&[ep.label(), &class])
+        .inc();
+    r
+}
+
+async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint) -> Response {
+    let raw = match axum::body::to_bytes(body, st.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "request body larger than {} bytes",
+                    st.config.max_body_bytes
+                ),
+            )
+        }
+    };
+    let req: Value = match serde_json::from_slice(&raw) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return error(StatusCode::BAD_REQUEST, "the body must be a JSON object"),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")),
+    };
+    let models = st.registry.models();
+    let model = match req.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        None if models.len() == 1 => models[0].clone(),
+        None => return error(StatusCode::BAD_REQUEST, "`model` is required"),
+        Some(_) => return error(StatusCode::BAD_REQUEST, "`model` must be a string"),
+    };
+    if !models.contains(&model) {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("the model `{model}` does not exist"),
+        );
+    }
+    let input = match prompt_input(&req, ep == Endpoint::Chat) {
+        Ok(i) => i,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let salt = match req.get("cache_salt") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return error(StatusCode::BAD_REQUEST, "`cache_salt` must be a string"),
+    };
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let skip = req.get("prompt_logprobs").is_some_and(|v| !v.is_null());
+    let workers = candidates_for(&st.registry, &model);
+    if workers.is_empty() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no healthy worker serves `{model}`"),
+        );
+    }
+    let tokens = match tokenize(st, &input, &model, &workers).await {
+        Ok(t) => t,
+        Err(TokenizeError::Invalid(m)) => return error(StatusCode::BAD_REQUEST, m),
+        Err(e) => return error(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    if tokens.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "the prompt is empty");
+    }
+    let policy = st.policy();
+    let rr = st.rr.fetch_add(1, Ordering::Relaxed);
+    let ranked = decide(
+        &st.registry,
+        &workers,
+        &tokens,
+        salt,
+        skip,
+        policy,
+        &st.config.weights,
+        rr,
+    );
+    st.metrics
+        .decision_seconds
+        .with_label_values(&[policy.name()])
+        .observe(ranked.decision.decision_us as f64 / 1e6);
+    let explain = st.config.explain_always
+        || headers
+            .get("x-kvroute-explain")
+            .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
+
+    let mut last_err = String::new();
+    for (attempt, worker) in ranked.order.iter().take(2).enumerate() {
+        let cand = ranked
+            .decision
+            .candidates
+            .iter()
+            .find(|c| c.worker == worker.spec.name);
+        let predicted = cand.map_or(0, |c| c.predicted_cached);
+        let uncached = cand.map_or(tokens.len() as u64, |c| c.uncached);
+        let mut decision = ranked.decision.clone();
+        decision.worker = worker.spec.name.clone();
+        decision.predicted_cached = predicted;
+        match forward(st, worker, ep, raw.clone(), stream, uncached, predicted).await {
+            Ok(mut resp) => {
+                st.metrics
+                    .decisions
+                    .with_label_values(&[policy.name(), &worker.spec.name])
+                    .inc();
+                if attempt > 0 {
+                    st.metrics
+                        .retries
+                        .with_label_values(&[&ranked.order[0].spec.name])
+                        .inc();
+                }
+                if explain {
+                    attach_decision(&mut resp, &decision);
+                }
+                return resp;
+            }
+            Err(e) => {
+                tracing::warn!(worker = %worker.spec.name, error = %e.message, "upstream failed");
+                last_err = e.message;
+                if !e.retryable {
+                    break;
+                }
+            }
+        }
+    }
+    error(
+        StatusCode::BAD_GATEWAY,
+        format!("upstream failed: {last_err}"),
+    )
+}
+
+fn attach_decision(resp: &mut Response, d: &Decision) {
+    if let Ok(s) = serde_json::to_string(d) {
+        let ascii: String = s
+            .chars()
+            .map(|c| {
+                if c.is_ascii() && !c.is_ascii_control() {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect();
+        if let Ok(v) = HeaderValue::from_str(&ascii) {
+            resp.headers_mut().insert("x-kvroute-decision", v);
+        }
+    }
+}
+
+async fn tokenize(
+    st: &AppState,
+    input: &PromptInput,
+    model: &str,
+    workers: &[Arc<Worker>],
+) -> Result<Vec<u32>, TokenizeError> {
+    let mut last = TokenizeError::Upstream("no worker".into());
+    for w in workers.iter().take(3) {
+        match st
+            .tokenizers
+            .tokens(
+                input,
+                model,
+                w.spec.model_dir.as_deref(),
+                &w.spec.url,
+                &st.client,
+            )
+            .await
+        {
+            Ok(t) => return Ok(t),
+            Err(e @ TokenizeError::Invalid(_)) | Err(e @ TokenizeError::Tokenizer(_)) => {
+                return Err(e)
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+struct UpstreamError {
+    message: String,
+    /// Nothing reached the client yet.
+    retryable: bool,
+}
+
+async fn forward(
+    st: &Arc<AppState>,
+    worker: &Arc<Worker>,
+    ep: Endpoint,
+    body: Bytes,
+    stream: bool,
+    uncached: u64,
+    predicted: u64,
+) -> Result<Response, UpstreamError> {
+    let mut guard = LoadGuard::new(worker.clone(), uncached);
+    let started = Instant::now();
+    let url = format!("{}{}", worker.spec.url.trim_end_matches('/'), ep.path());
+    let resp = st
+        .client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| {
+            worker.mark_failure();
+            UpstreamError {
+                message: format!("{}: {e}", worker.spec.name),
+                retryable: true,
+            }
+        })?;
+    let status = resp.status();
+    if status.is_server_error() && !stream {
+        return Err(UpstreamError {
+            message: format!("{} answered {status}", worker.spec.name),
+            retryable: true,
+        });
+    }
+    let ctype = resp.headers().get("content-type").cloned();
+    let name = worker.spec.name.clone();
+    if !stream || !status.is_success() {
+        let bytes = resp.bytes().await.map_err(|e| UpstreamError {
+            message: format!("{name}: reading the response: {e}"),
+            retryable: true,
+        })?;
+        guard.prefill_done();
+        st.metrics
+            .proxy_seconds
+            .with_label_values(&[&name])
+            .observe(started.elapsed().as_secs_f64());
+        if status.is_success() {
+            if let Some(reported) = reported_cached(&bytes) {
+                record_error(st, &name, predicted, reported);
+            }
+        }
+        let mut r = Response::new(Body::from(bytes));
+        *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        if let Some(ct) = ctype {
+            r.headers_mut().insert("content-type", ct);
+        }
+        return Ok(r);
+    }
+    // Streaming: pass chunks through as they arrive; the guard lives as long as the stream.
+    let st2 = st.clone();
+    let mut first = true;
+    let mut tail = Vec::<u8>::new();
+    let upstream = resp.bytes_stream();
+    let body_stream = upstream.map(move |chunk| {
+        if first {
+            first = false;
+            guard.prefill_done();
+            st2.metrics
+                .proxy_seconds
+                .with_label_values(&[&name])
+                .observe(started.elapsed().as_secs_f64());
+        }
+        if let Ok(c) = &chunk {
+            // Keep the last few KiB to read a final usage chunk, if the client asked for one.
+            tail.extend_from_slice(c);
+            if tail.len() > 16 * 1024 {
+                tail.drain(..tail.len() - 8 * 1024);
+            }
+            if c.windows(6).any(|w| w == b"[DONE]") {
+                if let Some(rep) = last_usage_in_sse(&tail) {
+                    record_error(&st2, &name, predicted, rep);
+                }
+            }
+        }
+        chunk.map_err(std::io::Error::other)
+    });
+    let mut r = Response::new(Body::from_stream(body_stream));
+    if let Some(ct) = ctype {
+        r.headers_mut().insert("content-type", ct);
+    }
+    Ok(r)
+}
+
+fn record_error(st: &AppState, worker: &str, predicted: u64, reported: u64) {
+    st.metrics
+        .predicted_cached
+        .with_label_values(&[worker])
+        .inc_by(predicted);
+    st.metrics
+        .reported_cached
+        .with_label_values(&[worker])
+        .inc_by(reported);
+    st.metrics
+        .prediction_error
+        .with_label_values(&[worker])
+        .observe(predicted as f64 - reported as f64);
+}
+
+/// `usage.prompt_tokens_details.cached_tokens` of a JSON response.
+pub fn reported_cached(body: &[u8]) -> Option<u64> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    v.get("usage")?
+        .get("prompt_tokens_details")?
+        .get("cached_tokens")?
+        .as_u64()
+}
+
+fn last_usage_in_sse(tail: &[u8]) -> Option<u64> {
+    let text = String::from_utf8_lossy(tail);
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| d.contains("cached_tokens"))
+        .filter_map(|d| reported_cached(d.as_bytes()))
+        .next_back()
+}
+
+pub async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let data: Vec<Value> = st
+        .registry
+        .models()
+        .into_iter()
+        .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "kvroute"}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+pub async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let all = st.registry.all();
+    let healthy = all.iter().filter(|w| w.routable()).count();
+    let body = Json(
+        json!({"status": if healthy > 0 { "ok" } else { "unavailable" }, "healthy_workers": healthy, "workers": all.len()}),
+    );
+    if healthy > 0 {
+        body.into_response()
+    } else {
+        let mut r = (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+        r
+    }
+}
+
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let text = st
+        .metrics
+        .render(&st.registry.index, &st.registry.wire_stats);
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_reported_hit_is_read_from_usage() {
+        let b =
+            br#"{"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 8}}}"#;
+        assert_eq!(reported_cached(b), Some(8));
+        let sse = b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n";
+        assert_eq!(last_usage_in_sse(sse), Some(4));
+    }
+}

@@ -1,0 +1,274 @@
+//! The worker registry: who is behind the gateway, whether they are healthy, how loaded.
+//!
+//! Owns: per worker its spec, health (with backoff), drain flag, the gateway's own load
+//! accounting (in-flight requests, queued prefill tokens), the engine's reported queue from its
+//! `/metrics`, and its event subscriptions (one per DP rank) feeding the shared index.
+//! Invariants: adding a worker starts its subscriptions; removing it stops them and drops its
+//! index state; load counters never underflow (guards release exactly what they took).
+//! Must not: choose workers (policy does) or proxy requests.
+
+use super::config::WorkerSpec;
+use kvroute_index::{Event, Index, WorkerId};
+use kvroute_wire::{
+    spawn_subscription, Dialect, EventSink, RankHealth, SubscriptionConfig, SubscriptionHandle,
+    WireStats,
+};
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Applies a subscription's events to the index and tracks rank health.
+pub struct IndexSink {
+    pub index: Arc<Index>,
+}
+
+impl EventSink for IndexSink {
+    fn apply(&self, events: &[Event]) {
+        self.index.apply_all(events);
+    }
+    fn rank_health(&self, worker: &WorkerId, dp_rank: u32, health: RankHealth) {
+        self.index
+            .set_degraded(worker, dp_rank, !matches!(health, RankHealth::Healthy));
+    }
+}
+
+pub struct Worker {
+    pub spec: WorkerSpec,
+    pub id: WorkerId,
+    pub healthy: AtomicBool,
+    pub draining: AtomicBool,
+    pub in_flight: AtomicU64,
+    pub queued_prefill: AtomicU64,
+    /// From the engine's `/metrics` (`vllm:num_requests_running` + `_waiting`).
+    pub engine_running: AtomicU64,
+    pub engine_waiting: AtomicU64,
+    pub consecutive_failures: AtomicU32,
+    pub next_check: Mutex<Instant>,
+    pub subscriptions: Mutex<Vec<SubscriptionHandle>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkerView {
+    pub name: String,
+    pub url: String,
+    pub model: String,
+    pub healthy: bool,
+    pub draining: bool,
+    pub in_flight: u64,
+    pub queued_prefill_tokens: u64,
+    pub engine_running: u64,
+    pub engine_waiting: u64,
+    pub dp_size: u32,
+    pub subscriptions: usize,
+}
+
+impl Worker {
+    fn new(spec: WorkerSpec) -> Worker {
+        Worker {
+            id: spec.name.as_str().into(),
+            spec,
+            healthy: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            in_flight: AtomicU64::new(0),
+            queued_prefill: AtomicU64::new(0),
+            engine_running: AtomicU64::new(0),
+            engine_waiting: AtomicU64::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            next_check: Mutex::new(Instant::now()),
+            subscriptions: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn routable(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Load in tokens: queued prefill plus a decode charge per request, taking the engine's own
+    /// queue when it reports more requests than the gateway knows of (other clients).
+    pub fn load_tokens(&self, tokens_per_request: f64) -> f64 {
+        let mine = self.in_flight.load(Ordering::Relaxed);
+        let engine = self.engine_running.load(Ordering::Relaxed)
+            + self.engine_waiting.load(Ordering::Relaxed);
+        self.queued_prefill.load(Ordering::Relaxed) as f64
+            + tokens_per_request * mine.max(engine) as f64
+    }
+
+    pub fn mark_success(&self) {
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.healthy.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks a failure; unhealthy after the first, retried with exponential backoff.
+    pub fn mark_failure(&self) {
+        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        self.healthy.store(false, Ordering::Relaxed);
+        let backoff = Duration::from_millis(100u64.saturating_mul(1 << n.min(8)))
+            .min(Duration::from_secs(30));
+        *self.next_check.lock() = Instant::now() + backoff;
+    }
+
+    pub fn view(&self) -> WorkerView {
+        WorkerView {
+            name: self.spec.name.clone(),
+            url: self.spec.url.clone(),
+            model: self.spec.model.clone(),
+            healthy: self.healthy.load(Ordering::Relaxed),
+            draining: self.draining.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            queued_prefill_tokens: self.queued_prefill.load(Ordering::Relaxed),
+            engine_running: self.engine_running.load(Ordering::Relaxed),
+            engine_waiting: self.engine_waiting.load(Ordering::Relaxed),
+            dp_size: self.spec.dp_size,
+            subscriptions: self.subscriptions.lock().len(),
+        }
+    }
+}
+
+/// Holds a request's share of a worker's load until dropped.
+pub struct LoadGuard {
+    worker: Arc<Worker>,
+    prefill: u64,
+    prefill_released: bool,
+}
+
+impl LoadGuard {
+    pub fn new(worker: Arc<Worker>, prefill: u64) -> LoadGuard {
+        worker.in_flight.fetch_add(1, Ordering::Relaxed);
+        worker.queued_prefill.fetch_add(prefill, Ordering::Relaxed);
+        LoadGuard {
+            worker,
+            prefill,
+            prefill_released: false,
+        }
+    }
+    /// The first byte came back: the prefill is done.
+    pub fn prefill_done(&mut self) {
+        if !self.prefill_released {
+            self.prefill_released = true;
+            self.worker
+                .queued_prefill
+                .fetch_sub(self.prefill, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.prefill_done();
+        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("worker {0} already exists")]
+    Exists(String),
+    #[error("no worker named {0}")]
+    Unknown(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub struct Registry {
+    workers: RwLock<BTreeMap<String, Arc<Worker>>>,
+    pub index: Arc<Index>,
+    pub wire_stats: Arc<WireStats>,
+}
+
+impl Registry {
+    pub fn new(index: Arc<Index>) -> Registry {
+        Registry {
+            workers: RwLock::new(BTreeMap::new()),
+            index,
+            wire_stats: Arc::new(WireStats::new()),
+        }
+    }
+
+    pub fn all(&self) -> Vec<Arc<Worker>> {
+        self.workers.read().values().cloned().collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Worker>> {
+        self.workers.read().get(name).cloned()
+    }
+
+    pub fn models(&self) -> Vec<String> {
+        let mut m: Vec<String> = self
+            .workers
+            .read()
+            .values()
+            .map(|w| w.spec.model.clone())
+            .collect();
+        m.sort();
+        m.dedup();
+        m
+    }
+
+    /// Adds a worker and (inside a tokio runtime) starts its event subscriptions.
+    pub fn add(&self, spec: WorkerSpec) -> Result<Arc<Worker>, RegistryError> {
+        spec.validate().map_err(RegistryError::Invalid)?;
+        let config = spec.index_config().map_err(RegistryError::Invalid)?;
+        let worker = Arc::new(Worker::new(spec));
+        {
+            let mut ws = self.workers.write();
+            if ws.contains_key(&worker.spec.name) {
+                return Err(RegistryError::Exists(worker.spec.name.clone()));
+            }
+            ws.insert(worker.spec.name.clone(), worker.clone());
+        }
+        self.index.configure_worker(&worker.id, config);
+        if let Some(kv) = &worker.spec.kv_events {
+            let dialect = Dialect::parse(&kv.dialect).unwrap_or_default();
+            let sink: Arc<dyn EventSink> = Arc::new(IndexSink {
+                index: self.index.clone(),
+            });
+            let host = worker.spec.event_host();
+            let mut subs = worker.subscriptions.lock();
+            for rank in 0..worker.spec.dp_size {
+                let mut cfg = SubscriptionConfig::new(worker.id.clone(), rank, &kv.endpoint, &host);
+                cfg.replay_endpoint = kv.replay_endpoint.clone();
+                cfg.topic = kv.topic.clone();
+                cfg.dialect = dialect;
+                match spawn_subscription(cfg, sink.clone(), self.wire_stats.clone()) {
+                    Ok(h) => subs.push(h),
+                    Err(e) => {
+                        drop(subs);
+                        self.workers.write().remove(&worker.spec.name);
+                        self.index.remove_worker(&worker.id);
+                        return Err(RegistryError::Invalid(format!(
+                            "worker {}: {e}",
+                            worker.spec.name
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(worker)
+    }
+
+    /// Removes a worker: stops its subscriptions and drops its index state.
+    pub async fn remove(&self, name: &str) -> Result<(), RegistryError> {
+        let w = self
+            .workers
+            .write()
+            .remove(name)
+            .ok_or_else(|| RegistryError::Unknown(name.into()))?;
+        let subs: Vec<SubscriptionHandle> = std::mem::take(&mut *w.subscriptions.lock());
+        for s in subs {
+            s.stop().await;
+        }
+        self.index.remove_worker(&w.id);
+        Ok(())
+    }
+
+    pub fn drain(&self, name: &str, draining: bool) -> Result<(), RegistryError> {
+        let w = self
+            .get(name)
+            .ok_or_else(|| RegistryError::Unknown(name.into()))?;
+        w.draining.store(draining, Ordering::Relaxed);
+        Ok(())
+    }
+}
