@@ -353,6 +353,11 @@ impl KvCache {
         self.pool.reset()
     }
 
+    /// Events queued so far in this step (a position in the step's batch).
+    pub fn pending_events(&self) -> usize {
+        self.pool.pending_events()
+    }
+
     /// The pool's queued events, each store annotated with its group's kind and window.
     pub fn take_events(&mut self) -> Vec<Event> {
         let mut events = self.pool.take_events();

@@ -95,10 +95,23 @@ pub struct Finished {
     pub preemptions: u32,
 }
 
+/// A prefix-cache lookup made during a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    pub handle: u64,
+    /// How many of the step's events had been emitted when the lookup ran.
+    pub event_pos: usize,
+    /// The request's length at lookup (prompt, plus outputs after a preemption).
+    pub num_tokens: usize,
+    pub hit: usize,
+}
+
 /// What one step did.
 #[derive(Clone, Debug, Default)]
 pub struct StepOutcome {
     pub events: Vec<Event>,
+    /// Every lookup, in order.
+    pub lookups: Vec<Lookup>,
     pub tokens: Vec<TokenOut>,
     /// Simulated duration of the step.
     pub duration_s: f64,
@@ -383,6 +396,7 @@ impl Engine {
         let max_len = self.cfg.max_model_len as usize;
         let mamba = self.cfg.spec.has_mamba();
         let mut scheduled: Vec<(u64, usize)> = Vec::new();
+        let mut lookups = Vec::new();
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
@@ -443,6 +457,12 @@ impl Engine {
                     self.kv
                         .find_longest_cache_hit(&r.hashes, r.tokens.len().saturating_sub(1))
                 };
+                lookups.push(Lookup {
+                    handle,
+                    event_pos: self.kv.pending_events(),
+                    num_tokens: r.tokens.len(),
+                    hit: hit.tokens,
+                });
                 let junction = hit.junction();
                 if let Some(r) = self.reqs.get_mut(&handle) {
                     r.junction = junction;
@@ -479,7 +499,10 @@ impl Engine {
                 budget -= n;
             }
         }
-        let mut out = StepOutcome::default();
+        let mut out = StepOutcome {
+            lookups,
+            ..StepOutcome::default()
+        };
         if scheduled.is_empty() {
             out.events = self.kv.take_events();
             return out;

@@ -18,7 +18,7 @@ pub mod pool;
 pub mod spec;
 pub mod timing;
 
-pub use engine::{Engine, EngineConfig, NewRequest, StepOutcome, TokenOut};
+pub use engine::{Engine, EngineConfig, Lookup, NewRequest, StepOutcome, TokenOut};
 pub use error::SimError;
 pub use spec::{preset, GroupKind, GroupSpec, ModelSpec, PRESETS};
 pub use timing::TimeModel;

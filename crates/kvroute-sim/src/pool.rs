@@ -441,6 +441,11 @@ impl BlockPool {
         true
     }
 
+    /// Events queued since the last `take_events`.
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
+
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
     }
