@@ -156,7 +156,8 @@ def run_worker(args, name, port, seed, engine_kwargs):
         window=cfg.get("sliding_window") or 0,
         max_len=engine_kwargs["max_model_len"],
         max_tokens=args.max_tokens,
-        salts=[s for s in args.salts.split(",") if s] if args.salts else [],
+        # An empty entry means "no salt": ",,a,b" salts half the requests.
+        salts=[s or None for s in args.salts.split(",")] if args.salts else [],
         kinds=args.kinds.split(","),
     )
     segments = []  # frames that arrived before request i (and the tail at the end)

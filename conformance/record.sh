@@ -41,8 +41,8 @@ scenario() {
     record gemma3-mixed --model-dir "$models/tiny-gemma3" --workers 2 --requests 50 --seed 11 \
       --scenario "tiny-gemma3 (3 sliding-window w=64 + 1 full, block 32), 2 workers round robin, mixed workload (conversations, system prompts, branches at block/window boundaries, repeats, long, fresh), big pool" ;;
   gemma3-eviction)
-    record gemma3-eviction --model-dir "$models/tiny-gemma3" --workers 1 --requests 60 --seed 12 --num-gpu-blocks 96 \
-      --scenario "tiny-gemma3, eviction pressure: num_gpu_blocks_override=96 (4 groups share the pool), mixed workload" ;;
+    record gemma3-eviction --model-dir "$models/tiny-gemma3" --workers 1 --requests 60 --seed 12 --num-gpu-blocks 96 --max-model-len 512 \
+      --scenario "tiny-gemma3, eviction pressure: num_gpu_blocks_override=96 (4 groups share the pool), max_model_len 512, mixed workload" ;;
   gemma3-salt-cbor)
     record gemma3-salt-cbor --model-dir "$models/tiny-gemma3" --workers 1 --requests 40 --seed 13 \
       --hash-algo sha256_cbor --python-hash-seed 1234 --salts ",,tenant-a,tenant-b" \
@@ -53,7 +53,7 @@ scenario() {
       --scenario "tiny-nemotron-h (2 mamba + 1 full), align mode, 2 workers, mixed workload" ;;
   nemotron-h-eviction)
     record nemotron-h-eviction --model-dir "$models/tiny-nemotron-h" --workers 1 --requests 40 --seed 22 \
-      --max-num-batched-tokens 64 --nominal-block 64 --num-gpu-blocks 40 \
+      --max-num-batched-tokens 64 --nominal-block 64 --num-gpu-blocks 40 --max-model-len 512 \
       --scenario "tiny-nemotron-h, eviction pressure (num_gpu_blocks_override=40), mixed workload" ;;
   qwen3-next-mixed)
     record qwen3-next-mixed --model-dir "$models/tiny-qwen3-next" --workers 2 --requests 40 --seed 31 \
@@ -64,4 +64,9 @@ scenario() {
 }
 
 all=(gemma3-mixed gemma3-eviction gemma3-salt-cbor nemotron-h-mixed nemotron-h-eviction qwen3-next-mixed)
-for s in "${@:-${all[@]}}"; do scenario "$s"; done
+failed=()
+for s in "${@:-${all[@]}}"; do scenario "$s" || failed+=("$s"); done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed scenarios: ${failed[*]}" >&2
+  exit 1
+fi
