@@ -542,7 +542,7 @@ impl Engine {
         let k = r.outputs();
         let token = r.forced.get(k).copied().unwrap_or_else(|| {
             let x = xxhash_rust::xxh3::xxh3_64_with_seed(&(k as u64).to_le_bytes(), r.seed);
-            (x % vocab as u64) as u32
+            crate::tokens::sample_id(x, vocab)
         });
         r.tokens.push(token);
         if r.first_token.is_none() {

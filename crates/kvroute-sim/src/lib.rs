@@ -13,12 +13,23 @@
 pub mod cache;
 pub mod engine;
 pub mod error;
+pub mod fleet;
 pub(crate) mod groups;
+pub mod http;
+pub(crate) mod metrics;
 pub mod pool;
+pub mod publisher;
 pub mod spec;
 pub mod timing;
+pub mod tokens;
+pub mod wire;
+pub mod worker;
 
 pub use engine::{Engine, EngineConfig, Lookup, NewRequest, StepOutcome, TokenOut};
 pub use error::SimError;
+pub use fleet::{serve, start_worker, Fleet, FleetOptions, SimHandle};
+pub use publisher::{PublisherConfig, ReplayLayout};
 pub use spec::{preset, GroupKind, GroupSpec, ModelSpec, PRESETS};
 pub use timing::TimeModel;
+pub use wire::WireFormat;
+pub use worker::{Submission, Worker, WorkerConfig};

@@ -6,7 +6,7 @@
 use base64::Engine as _;
 use kvroute_index::hash::HashAlgo;
 use kvroute_index::Event;
-use kvroute_sim::{Engine, EngineConfig, NewRequest};
+use kvroute_sim::{Engine, EngineConfig, NewRequest, WireFormat};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -77,14 +77,25 @@ fn config_for(meta: &Meta, worker: &str) -> EngineConfig {
     cfg
 }
 
-fn decode_frame(worker: &str, frames: &[String]) -> Vec<Event> {
+/// A recorded batch: its events, timestamp and raw payload.
+struct Recorded {
+    events: Vec<Event>,
+    ts: f64,
+    payload: Vec<u8>,
+}
+
+fn decode_frame(worker: &str, frames: &[String]) -> Recorded {
     let b64 = base64::engine::general_purpose::STANDARD;
     let raw: Vec<Vec<u8>> = frames.iter().map(|f| b64.decode(f).unwrap()).collect();
     let refs: Vec<&[u8]> = raw.iter().map(Vec::as_slice).collect();
     let live = kvroute_wire::split_live(&refs).unwrap();
-    kvroute_wire::decode_batch(&worker.into(), live.payload, kvroute_wire::Dialect::Vllm)
-        .unwrap()
-        .events
+    let b = kvroute_wire::decode_batch(&worker.into(), live.payload, kvroute_wire::Dialect::Vllm)
+        .unwrap();
+    Recorded {
+        events: b.events,
+        ts: b.ts.unwrap_or(0.0),
+        payload: live.payload.to_vec(),
+    }
 }
 
 /// Replays one corpus; returns (requests, hit mismatches, batch mismatches) and prints each.
@@ -103,11 +114,12 @@ fn replay(name: &str) -> (usize, Vec<String>, Vec<String>) {
         let reqs: Vec<&RequestLine> = requests.iter().filter(|r| &r.worker == w).collect();
         for (k, r) in reqs.iter().enumerate() {
             let end = reqs.get(k + 1).map_or(frames.len(), |n| n.after_frame);
-            let recorded: Vec<Vec<Event>> = frames[r.after_frame..end]
+            let raw: Vec<Recorded> = frames[r.after_frame..end]
                 .iter()
                 .filter(|f| &f.worker == w)
                 .map(|f| decode_frame(w, &f.frames))
                 .collect();
+            let recorded: Vec<Vec<Event>> = raw.iter().map(|b| b.events.clone()).collect();
             let handle = engine
                 .add_request(NewRequest {
                     id: r.id.clone(),
@@ -141,7 +153,15 @@ fn replay(name: &str) -> (usize, Vec<String>, Vec<String>) {
                     r.prompt_token_ids.len()
                 ));
             }
-            if batches != recorded {
+            if batches == recorded {
+                // Same events: the bytes must be the engine's too (its timestamp aside).
+                for (b, rec) in batches.iter().zip(&raw) {
+                    let ours = kvroute_sim::wire::encode_batch(rec.ts, b, 0, WireFormat::V032);
+                    if ours != rec.payload {
+                        event_errors.push(format!("{name} {}: payload bytes differ", r.id));
+                    }
+                }
+            } else {
                 event_errors.push(format!(
                     "{name} {}: {} sim batches {:?}\n   vs {} recorded {:?}",
                     r.id,

@@ -1,0 +1,579 @@
+//! The OpenAI-compatible HTTP API of a simulated worker, plus vLLM's utility endpoints and the
+//! admin (fault) endpoints.
+//!
+//! Owns: `/v1/completions` (token-id and text prompts, `cache_salt`,
+//! `forced_output_token_ids`, `return_token_ids`, SSE streaming), `/v1/chat/completions`
+//! (streaming and not), `/v1/models`, `/health`, `/tokenize`, `/detokenize`, `/metrics`,
+//! `/reset_prefix_cache`, and `/admin/{cache,faults,restart,pause,resume}`.
+//! Invariants: every response carries `usage.prompt_tokens_details.cached_tokens` (the
+//! request's `num_cached_tokens`; in streams, on the final chunk); malformed bodies get a 400
+//! in vLLM's error shape and never panic; a client that goes away aborts its request.
+//! Must not: hold engine locks across awaits (it only submits and reads channels).
+
+use crate::engine::{NewRequest, TokenOut};
+use crate::tokens::{self, Message};
+use crate::worker::{Submission, Worker};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An error reply in vLLM's shape.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let ApiError(code, message) = self;
+        let body = json!({
+            "object": "error",
+            "message": message,
+            "type": if code == StatusCode::NOT_FOUND { "NotFoundError" } else { "BadRequestError" },
+            "param": Value::Null,
+            "code": code.as_u16(),
+        });
+        (code, Json(body)).into_response()
+    }
+}
+
+fn error(code: StatusCode, message: impl Into<String>) -> ApiError {
+    ApiError(code, message.into())
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    error(StatusCode::BAD_REQUEST, message)
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    if v.is_object() {
+        Ok(v)
+    } else {
+        Err(bad("the body must be a JSON object"))
+    }
+}
+
+/// The router for one worker.
+pub fn router(worker: Arc<Worker>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/metrics", get(metrics))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/admin/cache", get(admin_cache))
+        .route("/admin/faults", post(admin_faults))
+        .route("/admin/restart", post(admin_restart))
+        .route("/admin/pause", post(admin_pause))
+        .route("/admin/resume", post(admin_resume))
+        .with_state(worker)
+}
+
+type W = State<Arc<Worker>>;
+
+fn vocab(w: &Worker) -> u32 {
+    w.config().engine.spec.vocab_size
+}
+
+async fn models(State(w): W) -> Response {
+    let cfg = w.config();
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": cfg.model,
+            "object": "model",
+            "created": crate::worker::unix_now() as u64,
+            "owned_by": "kvroute-sim",
+            "root": cfg.model,
+            "max_model_len": cfg.engine.max_model_len,
+        }]
+    }))
+    .into_response()
+}
+
+fn messages(v: &Value) -> Result<Vec<Message>, ApiError> {
+    let arr = v
+        .as_array()
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| bad("`messages` must be a non-empty array"))?;
+    arr.iter()
+        .map(|m| {
+            let role = m
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("every message needs a string `role`"))?;
+            let content = match m.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(""),
+                Some(Value::Null) | None => String::new(),
+                Some(_) => return Err(bad("`content` must be a string or a list of parts")),
+            };
+            Ok(Message {
+                role: role.to_string(),
+                content,
+            })
+        })
+        .collect()
+}
+
+fn token_list(v: &Value, vocab: u32) -> Option<Vec<u32>> {
+    v.as_array()?
+        .iter()
+        .map(|x| {
+            x.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .filter(|t| *t < vocab)
+        })
+        .collect()
+}
+
+/// A completion prompt: a string, a list of token ids, or a one-element list of either.
+fn completion_prompt(body: &Value, vocab: u32) -> Result<Vec<u32>, ApiError> {
+    let p = body
+        .get("prompt")
+        .ok_or_else(|| bad("`prompt` is required"))?;
+    let add_special = body
+        .get("add_special_tokens")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let one = match p {
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => &items[0],
+        Value::Array(items) if items.len() > 1 && !items[0].is_number() => {
+            return Err(bad(
+                "batched prompts are not supported; send one prompt per request",
+            ))
+        }
+        other => other,
+    };
+    let ids = match one {
+        Value::String(s) => {
+            let mut ids = Vec::new();
+            if add_special {
+                ids.push(tokens::BOS);
+            }
+            ids.extend(tokens::tokenize(s, vocab));
+            ids
+        }
+        Value::Array(_) => token_list(one, vocab).ok_or_else(|| {
+            bad(format!(
+                "`prompt` token ids must be integers below the vocabulary size {vocab}"
+            ))
+        })?,
+        _ => return Err(bad("`prompt` must be a string or a list of token ids")),
+    };
+    if ids.is_empty() {
+        return Err(bad("the prompt is empty"));
+    }
+    Ok(ids)
+}
+
+async fn tokenize(State(w): W, body: Bytes) -> Response {
+    let body = match parse_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    let v = vocab(&w);
+    let ids = if let Some(m) = body.get("messages") {
+        let msgs = match messages(m) {
+            Ok(m) => m,
+            Err(r) => return r.into_response(),
+        };
+        let gen = body
+            .get("add_generation_prompt")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        tokens::render_chat(&msgs, gen, v)
+    } else {
+        match completion_prompt(&body, v) {
+            Ok(ids) => ids,
+            Err(r) => return r.into_response(),
+        }
+    };
+    Json(json!({
+        "count": ids.len(),
+        "max_model_len": w.config().engine.max_model_len,
+        "tokens": ids,
+    }))
+    .into_response()
+}
+
+async fn detokenize(State(w): W, body: Bytes) -> Response {
+    let body = match parse_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    match body.get("tokens").and_then(|t| token_list(t, vocab(&w))) {
+        Some(ids) => Json(json!({ "prompt": tokens::detokenize(&ids) })).into_response(),
+        None => bad("`tokens` must be a list of token ids").into_response(),
+    }
+}
+
+struct Common {
+    max_tokens: usize,
+    stream: bool,
+    include_usage: bool,
+    return_token_ids: bool,
+    req: NewRequest,
+}
+
+fn common(body: &Value, prompt: Vec<u32>, w: &Worker, chat: bool) -> Result<Common, ApiError> {
+    if body
+        .get("n")
+        .and_then(Value::as_u64)
+        .is_some_and(|n| n != 1)
+    {
+        return Err(bad("only n = 1 is supported"));
+    }
+    let max_len = w.config().engine.max_model_len as usize;
+    let key = if chat && body.get("max_completion_tokens").is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let max_tokens = match body.get(key) {
+        None | Some(Value::Null) => {
+            if chat {
+                max_len.saturating_sub(prompt.len()).max(1)
+            } else {
+                16
+            }
+        }
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| bad(format!("`{key}` must be a positive integer")))?
+            as usize,
+    };
+    if prompt.len() + max_tokens > max_len {
+        return Err(bad(format!(
+            "This model's maximum context length is {max_len} tokens. However, you requested \
+             {} tokens ({} in the messages, {max_tokens} in the completion).",
+            prompt.len() + max_tokens,
+            prompt.len()
+        )));
+    }
+    let forced = match body.get("forced_output_token_ids") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(token_list(v, vocab(w)).ok_or_else(|| {
+            bad("`forced_output_token_ids` must be a list of token ids in the vocabulary")
+        })?),
+    };
+    let cache_salt = match body.get("cache_salt") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        Some(_) => return Err(bad("`cache_salt` must be a non-empty string")),
+    };
+    let skip = body.get("prompt_logprobs").is_some_and(|v| !v.is_null());
+    Ok(Common {
+        max_tokens,
+        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: true,
+        return_token_ids: body
+            .get("return_token_ids")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        req: NewRequest {
+            id: String::new(),
+            prompt,
+            max_tokens,
+            forced_output: forced,
+            cache_salt,
+            skip_prefix_cache: skip,
+        },
+    })
+}
+
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": { "cached_tokens": cached },
+    })
+}
+
+fn model_name(body: &Value, w: &Worker) -> String {
+    body.get("model")
+        .and_then(Value::as_str)
+        .map_or_else(|| w.config().model.clone(), str::to_string)
+}
+
+async fn completions(State(w): W, body: Bytes) -> Response {
+    serve(w, body, false).await
+}
+
+async fn chat(State(w): W, body: Bytes) -> Response {
+    serve(w, body, true).await
+}
+
+async fn serve(w: Arc<Worker>, body: Bytes, chat: bool) -> Response {
+    let body = match parse_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    let v = vocab(&w);
+    let prompt = if chat {
+        match body.get("messages").map(messages) {
+            Some(Ok(m)) => tokens::render_chat(&m, true, v),
+            Some(Err(r)) => return r.into_response(),
+            None => return bad("`messages` is required").into_response(),
+        }
+    } else {
+        match completion_prompt(&body, v) {
+            Ok(p) => p,
+            Err(r) => return r.into_response(),
+        }
+    };
+    let mut c = match common(&body, prompt, &w, chat) {
+        Ok(c) => c,
+        Err(r) => return r.into_response(),
+    };
+    let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let id = if chat {
+        format!("chatcmpl-sim-{n}")
+    } else {
+        format!("cmpl-sim-{n}")
+    };
+    c.req.id = id.clone();
+    let prompt_len = c.req.prompt.len();
+    let prompt_ids = c.req.prompt.clone();
+    let sub = match w.submit(c.req) {
+        Ok(s) => s,
+        Err(e) => return bad(e.to_string()).into_response(),
+    };
+    let meta = Meta {
+        id,
+        model: model_name(&body, &w),
+        created: crate::worker::unix_now() as u64,
+        chat,
+        prompt_len,
+        include_usage: c.include_usage,
+        return_token_ids: c.return_token_ids.then_some(prompt_ids),
+    };
+    let _ = c.max_tokens;
+    if c.stream {
+        Sse::new(sse_stream(sub, meta)).into_response()
+    } else {
+        whole(sub, meta).await
+    }
+}
+
+struct Meta {
+    id: String,
+    model: String,
+    created: u64,
+    chat: bool,
+    prompt_len: usize,
+    include_usage: bool,
+    return_token_ids: Option<Vec<u32>>,
+}
+
+fn sim_extension(sub: &Submission, t: &TokenOut) -> Value {
+    match &t.finished {
+        Some(f) => json!({
+            "dp_rank": sub.rank,
+            "ttft_s": f.ttft_s,
+            "e2e_s": f.e2e_s,
+            "preemptions": f.preemptions,
+        }),
+        None => json!({ "dp_rank": sub.rank }),
+    }
+}
+
+async fn whole(mut sub: Submission, meta: Meta) -> Response {
+    let mut ids = Vec::new();
+    let mut last = None;
+    while let Some(t) = sub.tokens.recv().await {
+        ids.push(t.token);
+        let done = t.finished.is_some();
+        last = Some(t);
+        if done {
+            break;
+        }
+    }
+    let Some(last) = last.filter(|t| t.finished.is_some()) else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the worker stopped the request",
+        )
+        .into_response();
+    };
+    let text = tokens::detokenize(&ids);
+    let choice = if meta.chat {
+        json!({
+            "index": 0,
+            "message": { "role": "assistant", "content": text },
+            "logprobs": Value::Null,
+            "finish_reason": "length",
+        })
+    } else {
+        let mut c = json!({
+            "index": 0,
+            "text": text,
+            "logprobs": Value::Null,
+            "finish_reason": "length",
+        });
+        if meta.return_token_ids.is_some() {
+            c["token_ids"] = json!(ids);
+        }
+        c
+    };
+    let mut body = json!({
+        "id": meta.id,
+        "object": if meta.chat { "chat.completion" } else { "text_completion" },
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+        "usage": usage(meta.prompt_len, ids.len(), last.num_cached_tokens),
+        "sim": sim_extension(&sub, &last),
+    });
+    if let Some(p) = meta.return_token_ids {
+        body["prompt_token_ids"] = json!(p);
+    }
+    Json(body).into_response()
+}
+
+fn chunk(meta: &Meta, delta_text: &str, first: bool, finish: Option<&str>) -> Value {
+    let choice = if meta.chat {
+        let mut delta = json!({ "content": delta_text });
+        if first {
+            delta["role"] = json!("assistant");
+        }
+        json!({ "index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish })
+    } else {
+        json!({ "index": 0, "text": delta_text, "logprobs": Value::Null, "finish_reason": finish })
+    };
+    json!({
+        "id": meta.id,
+        "object": if meta.chat { "chat.completion.chunk" } else { "text_completion" },
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+    })
+}
+
+fn sse_stream(sub: Submission, meta: Meta) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    struct St {
+        sub: Submission,
+        meta: Meta,
+        first: bool,
+        generated: usize,
+        done: bool,
+    }
+    let st = St {
+        sub,
+        meta,
+        first: true,
+        generated: 0,
+        done: false,
+    };
+    stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let Some(t) = st.sub.tokens.recv().await else {
+            st.done = true;
+            return Some((Ok(SseEvent::default().data("[DONE]")), st));
+        };
+        st.generated += 1;
+        let text = tokens::detokenize(&[t.token]);
+        let finish = t.finished.as_ref().map(|_| "length");
+        let mut c = chunk(&st.meta, &text, st.first, finish);
+        st.first = false;
+        if st.meta.return_token_ids.is_some() && !st.meta.chat {
+            c["choices"][0]["token_ids"] = json!([t.token]);
+        }
+        if t.finished.is_some() {
+            if st.meta.include_usage {
+                c["usage"] = usage(st.meta.prompt_len, st.generated, t.num_cached_tokens);
+            }
+            c["sim"] = sim_extension(&st.sub, &t);
+            // The receiver ends after the last token; `[DONE]` follows.
+        }
+        Some((Ok(SseEvent::default().data(c.to_string())), st))
+    })
+}
+
+async fn metrics(State(w): W) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+        w.metrics_text(),
+    )
+        .into_response()
+}
+
+async fn reset_prefix_cache(State(w): W) -> Response {
+    if w.reset_prefix_cache() {
+        StatusCode::OK.into_response()
+    } else {
+        error(
+            StatusCode::BAD_REQUEST,
+            "the prefix cache cannot be reset while requests hold blocks",
+        )
+        .into_response()
+    }
+}
+
+async fn admin_cache(State(w): W) -> Response {
+    Json(w.cache_state()).into_response()
+}
+
+fn opt_body(body: &Bytes) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        Ok(json!({}))
+    } else {
+        parse_body(body)
+    }
+}
+
+async fn admin_faults(State(w): W, body: Bytes) -> Response {
+    let b = match opt_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    let drop = b.get("drop_batches").and_then(Value::as_u64);
+    let delay = b.get("delay_ms").and_then(Value::as_u64);
+    w.set_faults(drop, delay);
+    Json(json!({ "drop_batches": drop, "delay_ms": delay })).into_response()
+}
+
+async fn admin_restart(State(w): W, body: Bytes) -> Response {
+    let b = match opt_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    let clear = b
+        .get("clear_cache")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    match w.restart(clear) {
+        Ok(()) => Json(json!({ "restarted": true, "clear_cache": clear })).into_response(),
+        Err(e) => bad(e.to_string()).into_response(),
+    }
+}
+
+async fn admin_pause(State(w): W) -> Response {
+    w.pause();
+    Json(json!({ "paused": true })).into_response()
+}
+
+async fn admin_resume(State(w): W) -> Response {
+    w.resume();
+    Json(json!({ "paused": false })).into_response()
+}

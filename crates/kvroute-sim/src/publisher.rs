@@ -1,0 +1,322 @@
+//! The ZMQ event publisher of one simulated engine rank (vLLM's `ZmqEventPublisher`), with
+//! fault hooks.
+//!
+//! Owns: the PUB socket (bound for wildcard endpoints, connected otherwise; DP rank `r` on
+//! `port + r`), the per-instance sequence counter, the replay buffer and the ROUTER that
+//! answers replay requests (`["", topic, seq, payload]` per batch, then the end marker; or the
+//! older `["", seq, payload]` layout), and the faults: dropping the next N batches (they keep
+//! their seq and stay replayable, as a high-water-mark drop would), delaying the stream,
+//! restarting (seq back to 0, buffer emptied).
+//! Invariants: seqs count batches from 0 per publisher instance; one batch per call; nothing
+//! is published for an empty batch.
+//! Must not: encode events itself beyond calling `wire`, or block the engine loop.
+
+use crate::error::SimError;
+use crate::wire::{encode_batch, WireFormat};
+use bytes::Bytes;
+use kvroute_index::Event;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+/// The replay reply layout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplayLayout {
+    /// vLLM 0.32: `["", topic, seq, payload]`, end `["", "", END, ""]`.
+    #[default]
+    WithTopic,
+    /// vLLM ≤ 0.25 and SGLang: `["", seq, payload]`, end `["", END, ""]`.
+    Old,
+}
+
+#[derive(Clone, Debug)]
+pub struct PublisherConfig {
+    /// `tcp://*:5557` binds; `tcp://host:port` with a concrete host connects (vLLM's rule).
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub topic: String,
+    pub buffer_steps: usize,
+    pub format: WireFormat,
+    pub replay_layout: ReplayLayout,
+    pub dp_rank: u32,
+}
+
+impl PublisherConfig {
+    pub fn new(endpoint: &str) -> PublisherConfig {
+        PublisherConfig {
+            endpoint: endpoint.to_string(),
+            replay_endpoint: None,
+            topic: String::new(),
+            buffer_steps: 10_000,
+            format: WireFormat::V032,
+            replay_layout: ReplayLayout::WithTopic,
+            dp_rank: 0,
+        }
+    }
+}
+
+/// vLLM's `offset_endpoint_port`: rank `r` publishes on `port + r` (port 0 stays 0).
+pub fn offset_endpoint(endpoint: &str, rank: u32) -> String {
+    if rank == 0 {
+        return endpoint.to_string();
+    }
+    if endpoint.contains("inproc") {
+        return format!("{endpoint}_dp{rank}");
+    }
+    if let Some((base, port)) = endpoint.rsplit_once(':') {
+        if let Ok(p) = port.parse::<u32>() {
+            if p == 0 {
+                return endpoint.to_string();
+            }
+            return format!("{base}:{}", p + rank);
+        }
+    }
+    endpoint.to_string()
+}
+
+/// The address to use and whether to bind: vLLM binds wildcard, `::` and ipc endpoints and
+/// connects to the rest; a tcp port of 0 (an OS-chosen port) can only be bound.
+fn bind_form(endpoint: &str) -> (String, bool) {
+    let bind = endpoint.contains('*')
+        || endpoint.contains("::")
+        || endpoint.starts_with("ipc://")
+        || endpoint.ends_with(":0");
+    (endpoint.replace('*', "0.0.0.0"), bind)
+}
+
+fn port_of(ep: &zeromq::Endpoint) -> Option<u16> {
+    match ep {
+        zeromq::Endpoint::Tcp(_, p) => Some(*p),
+        _ => None,
+    }
+}
+
+fn msg(frames: Vec<Vec<u8>>) -> Option<ZmqMessage> {
+    ZmqMessage::try_from(frames.into_iter().map(Bytes::from).collect::<Vec<_>>()).ok()
+}
+
+/// Fault knobs, shared with the admin endpoint.
+#[derive(Debug, Default)]
+pub struct Faults {
+    pub drop_next: AtomicU64,
+    pub delay_ms: AtomicU64,
+    pub published: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+enum Cmd {
+    Batch(f64, Vec<Event>),
+    Restart,
+}
+
+/// A running publisher. Dropping it stops the task.
+pub struct Publisher {
+    tx: mpsc::UnboundedSender<Cmd>,
+    pub faults: Arc<Faults>,
+    /// The bound PUB port (when bound over tcp), useful with port 0.
+    pub port: Option<u16>,
+    pub replay_port: Option<u16>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Publisher {
+    pub async fn start(cfg: PublisherConfig) -> Result<Publisher, SimError> {
+        let endpoint = offset_endpoint(&cfg.endpoint, cfg.dp_rank);
+        let (addr, bind) = bind_form(&endpoint);
+        let err = |e: zeromq::ZmqError| SimError::Socket {
+            endpoint: endpoint.clone(),
+            message: e.to_string(),
+        };
+        let mut pub_sock = PubSocket::new();
+        let port = if bind {
+            port_of(&pub_sock.bind(&addr).await.map_err(err)?)
+        } else {
+            pub_sock.connect(&addr).await.map_err(err)?;
+            None
+        };
+        let (router, replay_port) = match &cfg.replay_endpoint {
+            Some(r) => {
+                let r = offset_endpoint(r, cfg.dp_rank);
+                let (raddr, _) = bind_form(&r);
+                let mut sock = RouterSocket::new();
+                let ep = sock.bind(&raddr).await.map_err(|e| SimError::Socket {
+                    endpoint: r.clone(),
+                    message: e.to_string(),
+                })?;
+                (Some(sock), port_of(&ep))
+            }
+            None => (None, None),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let faults = Arc::new(Faults::default());
+        let task = tokio::spawn(run(cfg, pub_sock, router, rx, faults.clone()));
+        Ok(Publisher {
+            tx,
+            faults,
+            port,
+            replay_port,
+            task,
+        })
+    }
+
+    /// Queues one step's events (nothing is sent for an empty batch).
+    pub fn publish(&self, ts: f64, events: Vec<Event>) {
+        if !events.is_empty() {
+            let _ = self.tx.send(Cmd::Batch(ts, events));
+        }
+    }
+
+    /// A new publisher instance behind the same sockets: seq 0, empty replay buffer.
+    pub fn restart(&self) {
+        let _ = self.tx.send(Cmd::Restart);
+    }
+}
+
+struct State {
+    next_seq: u64,
+    buffer: VecDeque<(u64, Vec<u8>)>,
+}
+
+async fn run(
+    cfg: PublisherConfig,
+    mut pub_sock: PubSocket,
+    mut router: Option<RouterSocket>,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+    faults: Arc<Faults>,
+) {
+    let mut st = State {
+        next_seq: 0,
+        buffer: VecDeque::new(),
+    };
+    let topic = cfg.topic.as_bytes().to_vec();
+    loop {
+        let replay = async {
+            match router.as_mut() {
+                Some(r) => r.recv().await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                None => break,
+                Some(Cmd::Restart) => {
+                    st.next_seq = 0;
+                    st.buffer.clear();
+                }
+                Some(Cmd::Batch(ts, events)) => {
+                    let payload = encode_batch(ts, &events, cfg.dp_rank, cfg.format);
+                    let seq = st.next_seq;
+                    st.next_seq += 1;
+                    st.buffer.push_back((seq, payload.clone()));
+                    while st.buffer.len() > cfg.buffer_steps.max(1) {
+                        st.buffer.pop_front();
+                    }
+                    let delay = faults.delay_ms.load(Ordering::Relaxed);
+                    if delay > 0 {
+                        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                    }
+                    let dropped = faults
+                        .drop_next
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok();
+                    if dropped {
+                        faults.dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    if let Some(m) = msg(vec![topic.clone(), seq.to_be_bytes().to_vec(), payload]) {
+                        if pub_sock.send(m).await.is_ok() {
+                            faults.published.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            },
+            req = replay => {
+                if let (Some(req), Some(r)) = (req, router.as_mut()) {
+                    serve_replay(r, req, &st, &topic, cfg.replay_layout).await;
+                }
+            }
+        }
+    }
+}
+
+async fn serve_replay(
+    router: &mut RouterSocket,
+    req: ZmqMessage,
+    st: &State,
+    topic: &[u8],
+    layout: ReplayLayout,
+) {
+    let frames = req.into_vec();
+    if frames.len() != 3 {
+        return;
+    }
+    let id = frames[0].to_vec();
+    let Ok(start) = <[u8; 8]>::try_from(frames[2].as_ref()) else {
+        return;
+    };
+    let start = u64::from_be_bytes(start);
+    for (seq, payload) in st.buffer.iter().filter(|(s, _)| *s >= start) {
+        let f = match layout {
+            ReplayLayout::WithTopic => vec![
+                id.clone(),
+                vec![],
+                topic.to_vec(),
+                seq.to_be_bytes().to_vec(),
+                payload.clone(),
+            ],
+            ReplayLayout::Old => vec![
+                id.clone(),
+                vec![],
+                seq.to_be_bytes().to_vec(),
+                payload.clone(),
+            ],
+        };
+        let Some(m) = msg(f) else { return };
+        if router.send(m).await.is_err() {
+            return;
+        }
+    }
+    let end = u64::MAX.to_be_bytes().to_vec();
+    let f = match layout {
+        ReplayLayout::WithTopic => vec![id, vec![], vec![], end, vec![]],
+        ReplayLayout::Old => vec![id, vec![], end, vec![]],
+    };
+    if let Some(m) = msg(f) {
+        let _ = router.send(m).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dp_ranks_publish_on_port_plus_rank() {
+        assert_eq!(offset_endpoint("tcp://*:5557", 0), "tcp://*:5557");
+        assert_eq!(offset_endpoint("tcp://*:5557", 2), "tcp://*:5559");
+        assert_eq!(offset_endpoint("tcp://*:0", 3), "tcp://*:0");
+        assert_eq!(offset_endpoint("inproc://cache", 1), "inproc://cache_dp1");
+    }
+
+    #[test]
+    fn wildcard_endpoints_bind_and_concrete_hosts_connect() {
+        assert_eq!(
+            bind_form("tcp://*:5557"),
+            ("tcp://0.0.0.0:5557".into(), true)
+        );
+        assert_eq!(
+            bind_form("tcp://10.0.0.1:5557"),
+            ("tcp://10.0.0.1:5557".into(), false)
+        );
+        assert!(bind_form("tcp://127.0.0.1:0").1);
+    }
+}

@@ -1,0 +1,389 @@
+//! One simulated worker at run time: its DP ranks (an engine and a publisher each), the engine
+//! loops that turn simulated step time into wall time, request submission and the fault hooks.
+//!
+//! Owns: `WorkerConfig`, `Worker` (start, submit, pause/resume, publisher restart and faults,
+//! prefix-cache reset, the true cache state, metrics), one tokio task per rank.
+//! Invariants: a rank steps only while it has work and is not paused; each step's events are
+//! published after the step's (scaled) duration has passed, then its tokens are delivered; a
+//! request whose receiver is gone is aborted and its blocks freed; simulated time never runs
+//! ahead of wall time × speed-up by more than one step.
+//! Must not: parse HTTP or know OpenAI shapes (that is `http`).
+
+use crate::engine::{Engine, EngineConfig, NewRequest, TokenOut};
+use crate::error::SimError;
+use crate::publisher::{Publisher, PublisherConfig};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+
+/// How to run one worker.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// The model name served on `/v1/models` and expected in requests (any name is accepted).
+    pub model: String,
+    pub engine: EngineConfig,
+    /// Ranks, each with its own engine, pool and publisher (`port + rank`).
+    pub data_parallel_size: u32,
+    /// The event publisher (per rank: endpoint port + rank); `None` publishes nothing.
+    pub zmq: Option<PublisherConfig>,
+    /// Simulated seconds per wall second.
+    pub speedup: f64,
+}
+
+impl WorkerConfig {
+    pub fn for_preset(preset: &str) -> Result<WorkerConfig, SimError> {
+        Ok(WorkerConfig {
+            model: preset.to_string(),
+            engine: EngineConfig::for_preset(preset)?,
+            data_parallel_size: 1,
+            zmq: None,
+            speedup: 1.0,
+        })
+    }
+}
+
+/// TTFT buckets of vLLM's `vllm:time_to_first_token_seconds`.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Histogram {
+    pub counts: Vec<u64>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, v: f64) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; TTFT_BUCKETS.len()];
+        }
+        for (i, b) in TTFT_BUCKETS.iter().enumerate() {
+            if v <= *b {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+pub(crate) struct Rank {
+    pub engine: Mutex<Engine>,
+    notify: Notify,
+    senders: Mutex<HashMap<u64, mpsc::UnboundedSender<TokenOut>>>,
+    pub publisher: Option<Publisher>,
+}
+
+pub(crate) struct Shared {
+    pub cfg: WorkerConfig,
+    pub ranks: Vec<Rank>,
+    paused: AtomicBool,
+    stopped: AtomicBool,
+    next: AtomicUsize,
+    start: Instant,
+    pub ttft: Mutex<Histogram>,
+    pub e2e: Mutex<Histogram>,
+}
+
+impl Shared {
+    fn sim_now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64() * self.cfg.speedup
+    }
+}
+
+/// A request in flight: its tokens arrive on `tokens`.
+pub struct Submission {
+    pub rank: u32,
+    pub handle: u64,
+    pub tokens: mpsc::UnboundedReceiver<TokenOut>,
+}
+
+/// A running simulated worker. Dropping it stops its engine loops and publishers.
+pub struct Worker {
+    pub(crate) shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.shared.stopped.store(true, Ordering::Relaxed);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Worker {
+    /// Builds the ranks, binds their publishers and starts their engine loops.
+    pub async fn start(cfg: WorkerConfig) -> Result<Worker, SimError> {
+        if !(cfg.speedup.is_finite() && cfg.speedup > 0.0) {
+            return Err(SimError::Config("the speed-up must be positive".into()));
+        }
+        let mut ranks = Vec::new();
+        for r in 0..cfg.data_parallel_size.max(1) {
+            let mut ecfg = cfg.engine.clone();
+            ecfg.dp_rank = r;
+            let engine = Engine::new(ecfg)?;
+            let publisher = match &cfg.zmq {
+                Some(p) => {
+                    let mut p = p.clone();
+                    p.dp_rank = r;
+                    Some(Publisher::start(p).await?)
+                }
+                None => None,
+            };
+            ranks.push(Rank {
+                engine: Mutex::new(engine),
+                notify: Notify::new(),
+                senders: Mutex::new(HashMap::new()),
+                publisher,
+            });
+        }
+        let shared = Arc::new(Shared {
+            cfg,
+            ranks,
+            paused: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            next: AtomicUsize::new(0),
+            start: Instant::now(),
+            ttft: Mutex::new(Histogram::default()),
+            e2e: Mutex::new(Histogram::default()),
+        });
+        let tasks = (0..shared.ranks.len())
+            .map(|r| tokio::spawn(run_rank(shared.clone(), r)))
+            .collect();
+        Ok(Worker { shared, tasks })
+    }
+
+    pub fn config(&self) -> &WorkerConfig {
+        &self.shared.cfg
+    }
+
+    /// Queues a request on the least loaded rank.
+    pub fn submit(&self, req: NewRequest) -> Result<Submission, SimError> {
+        if self.shared.stopped.load(Ordering::Relaxed) {
+            return Err(SimError::Stopped);
+        }
+        let n = self.shared.ranks.len();
+        let first = self.shared.next.fetch_add(1, Ordering::Relaxed) % n;
+        let rank = (0..n)
+            .map(|k| (first + k) % n)
+            .min_by_key(|r| {
+                let e = self.shared.ranks[*r].engine.lock();
+                e.num_running() + e.num_waiting()
+            })
+            .unwrap_or(0);
+        let rk = &self.shared.ranks[rank];
+        let (tx, rx) = mpsc::unbounded_channel();
+        let handle = {
+            let mut e = rk.engine.lock();
+            e.advance_to(self.shared.sim_now());
+            let h = e.add_request(req)?;
+            rk.senders.lock().insert(h, tx);
+            h
+        };
+        rk.notify.notify_one();
+        Ok(Submission {
+            rank: rank as u32,
+            handle,
+            tokens: rx,
+        })
+    }
+
+    /// Cancels a request (its blocks are freed).
+    pub fn abort(&self, rank: u32, handle: u64) {
+        if let Some(rk) = self.shared.ranks.get(rank as usize) {
+            rk.engine.lock().abort(handle);
+            rk.senders.lock().remove(&handle);
+        }
+    }
+
+    /// Stops stepping (requests queue up) until `resume`.
+    pub fn pause(&self) {
+        self.shared.paused.store(true, Ordering::Relaxed);
+    }
+
+    pub fn resume(&self) {
+        self.shared.paused.store(false, Ordering::Relaxed);
+        for rk in &self.shared.ranks {
+            rk.notify.notify_one();
+        }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.shared.paused.load(Ordering::Relaxed)
+    }
+
+    /// Drops the next `n` batches on the wire (they keep their seq and stay replayable) and
+    /// delays every batch by `delay_ms`, on every rank.
+    pub fn set_faults(&self, drop_batches: Option<u64>, delay_ms: Option<u64>) {
+        for rk in &self.shared.ranks {
+            if let Some(p) = &rk.publisher {
+                if let Some(n) = drop_batches {
+                    p.faults.drop_next.store(n, Ordering::Relaxed);
+                }
+                if let Some(d) = delay_ms {
+                    p.faults.delay_ms.store(d, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// A publisher restart on every rank (seq back to 0). With `clear_cache`, every rank's
+    /// engine restarts empty too, silently, as a restarted process would (no
+    /// `AllBlocksCleared`); requests in flight are aborted then.
+    pub fn restart(&self, clear_cache: bool) -> Result<(), SimError> {
+        for rk in &self.shared.ranks {
+            if clear_cache {
+                let mut e = rk.engine.lock();
+                let cfg = e.cfg.clone();
+                *e = Engine::new(cfg)?;
+                e.advance_to(self.shared.sim_now());
+                rk.senders.lock().clear();
+            }
+            if let Some(p) = &rk.publisher {
+                p.restart();
+            }
+        }
+        Ok(())
+    }
+
+    /// vLLM's `/reset_prefix_cache`: true when every rank was idle and reset (each publishes
+    /// `AllBlocksCleared`).
+    pub fn reset_prefix_cache(&self) -> bool {
+        let mut all = true;
+        for rk in &self.shared.ranks {
+            let mut e = rk.engine.lock();
+            let ok = e.reset_prefix_cache();
+            all &= ok;
+            let events = e.take_events();
+            if let Some(p) = &rk.publisher {
+                p.publish(unix_now(), events);
+            }
+        }
+        all
+    }
+
+    /// The PUB and replay ports each rank bound (tcp, bound endpoints only).
+    pub fn zmq_ports(&self) -> Vec<(Option<u16>, Option<u16>)> {
+        self.shared
+            .ranks
+            .iter()
+            .map(|r| {
+                r.publisher
+                    .as_ref()
+                    .map_or((None, None), |p| (p.port, p.replay_port))
+            })
+            .collect()
+    }
+
+    /// The true cache state: per rank, per group, every cached hash with its copies.
+    pub fn cache_state(&self) -> Value {
+        let ranks: Vec<Value> = self
+            .shared
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(r, rk)| {
+                let e = rk.engine.lock();
+                let groups: serde_json::Map<String, Value> =
+                    e.kv.contents()
+                        .into_iter()
+                        .map(|(g, hashes)| {
+                            let h: serde_json::Map<String, Value> = hashes
+                                .into_iter()
+                                .map(|(k, n)| (k.to_string(), json!(n)))
+                                .collect();
+                            (g.to_string(), Value::Object(h))
+                        })
+                        .collect();
+                json!({
+                    "dp_rank": r,
+                    "layout": e.cfg.spec,
+                    "params": e.params,
+                    "num_blocks": e.cfg.num_blocks,
+                    "free_blocks": e.kv.num_free_blocks(),
+                    "usage": e.kv.usage(),
+                    "running": e.num_running(),
+                    "waiting": e.num_waiting(),
+                    "sim_time_s": e.now(),
+                    "groups": groups,
+                })
+            })
+            .collect();
+        json!({ "model": self.shared.cfg.model, "paused": self.is_paused(), "ranks": ranks })
+    }
+
+    /// Prometheus text with vLLM's metric names.
+    pub fn metrics_text(&self) -> String {
+        crate::metrics::render(&self.shared)
+    }
+}
+
+pub(crate) fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+async fn run_rank(shared: Arc<Shared>, r: usize) {
+    let rank = &shared.ranks[r];
+    loop {
+        if shared.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let wake = rank.notify.notified();
+        let ready = !shared.paused.load(Ordering::Relaxed) && rank.engine.lock().has_work();
+        if !ready {
+            let _ = tokio::time::timeout(Duration::from_millis(200), wake).await;
+            continue;
+        }
+        let out = {
+            let mut e = rank.engine.lock();
+            e.advance_to(shared.sim_now());
+            e.step()
+        };
+        if out.scheduled_tokens == 0 {
+            // Nothing fits right now (pool full, Mamba deferral): do not spin.
+            if let Some(p) = &rank.publisher {
+                p.publish(unix_now(), out.events);
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(5), wake).await;
+            continue;
+        }
+        let wall = out.duration_s / shared.cfg.speedup;
+        if wall >= 0.0005 {
+            tokio::time::sleep(Duration::from_secs_f64(wall)).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+        if let Some(p) = &rank.publisher {
+            p.publish(unix_now(), out.events);
+        }
+        for t in out.tokens {
+            if let Some(f) = &t.finished {
+                shared.ttft.lock().observe(f.ttft_s);
+                shared.e2e.lock().observe(f.e2e_s);
+            }
+            let done = t.finished.is_some();
+            let handle = t.handle;
+            let mut senders = rank.senders.lock();
+            let gone = senders.get(&handle).is_some_and(|s| s.send(t).is_err());
+            if done || gone {
+                senders.remove(&handle);
+            }
+            drop(senders);
+            if gone && !done {
+                rank.engine.lock().abort(handle);
+            }
+        }
+    }
+}
