@@ -1,0 +1,230 @@
+//! The simulated engine's event stream over real ZMQ sockets, decoded by kvroute-wire: live
+//! batches, replay in both reply layouts, dropped batches, publisher restarts, DP ranks on
+//! consecutive ports and the older array layout.
+
+mod common;
+
+use bytes::Bytes;
+use common::post;
+use kvroute_index::{Event, Index, Query};
+use kvroute_sim::{Fleet, FleetOptions, PublisherConfig, ReplayLayout, WireFormat, WorkerConfig};
+use serde_json::json;
+use std::time::Duration;
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+async fn subscribe(endpoint: &str) -> SubSocket {
+    let mut sub = SubSocket::new();
+    sub.connect(endpoint).await.unwrap();
+    sub.subscribe("").await.unwrap();
+    // The slow joiner: give the subscription time to reach the publisher.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    sub
+}
+
+/// Every live message that arrives until the stream is quiet for `quiet`.
+async fn drain(sub: &mut SubSocket, quiet: Duration) -> Vec<(u64, Vec<Vec<u8>>)> {
+    let mut out = Vec::new();
+    while let Ok(Ok(m)) = tokio::time::timeout(quiet, sub.recv()).await {
+        let frames: Vec<Vec<u8>> = m.into_vec().iter().map(|f| f.to_vec()).collect();
+        let seq = u64::from_be_bytes(frames[1].as_slice().try_into().unwrap());
+        out.push((seq, frames));
+    }
+    out
+}
+
+fn decode(worker: &str, frames: &[Vec<u8>]) -> kvroute_wire::DecodedBatch {
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    kvroute_wire::decode_message(&worker.into(), &refs)
+        .unwrap()
+        .2
+}
+
+async fn fleet(preset: &str, opts: impl FnOnce(&mut FleetOptions)) -> Fleet {
+    let mut cfg = WorkerConfig::for_preset(preset).unwrap();
+    cfg.speedup = 1000.0;
+    let mut o = FleetOptions::new(cfg, 1);
+    opts(&mut o);
+    Fleet::start(o).await.unwrap()
+}
+
+async fn complete(addr: std::net::SocketAddr, prompt: &[u32], salt: Option<&str>) -> u64 {
+    let mut body = json!({"prompt": prompt, "max_tokens": 3});
+    if let Some(s) = salt {
+        body["cache_salt"] = json!(s);
+    }
+    let r = post(addr, "/v1/completions", &body).await.json();
+    r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_live_stream_lets_an_index_predict_every_reported_hit() {
+    let f = fleet("tiny-gemma3", |_| {}).await;
+    let w = &f.workers[0];
+    let mut sub = subscribe(&w.zmq[0]).await;
+    let index = Index::new();
+    let base: Vec<u32> = (0..150).map(|i| (i * 13 + 5) % 1000).collect();
+    let mut prompts = vec![base.clone()];
+    let mut b2 = base[..100].to_vec();
+    b2.extend(500..560);
+    prompts.push(b2);
+    prompts.push(base.clone());
+    let mut next_seq = 0;
+    for (i, p) in prompts.iter().enumerate() {
+        let q = Query {
+            tokens: p.clone(),
+            ..Query::default()
+        };
+        let predicted = index.predict(&"w0".into(), 0, &q).cached;
+        let cached = complete(w.http, p, None).await;
+        assert_eq!(predicted, cached, "request {i}");
+        for (seq, frames) in drain(&mut sub, Duration::from_millis(150)).await {
+            assert_eq!(seq, next_seq, "no gaps");
+            next_seq += 1;
+            index.apply_all(&decode("w0", &frames).events);
+        }
+    }
+    assert!(next_seq >= 2);
+    assert!(index.stats().block_copies > 0);
+}
+
+async fn replay(endpoint: &str, start: u64) -> Vec<Vec<Vec<u8>>> {
+    let mut d = DealerSocket::new();
+    d.connect(endpoint).await.unwrap();
+    let req = kvroute_wire::replay_request(start);
+    let msg = ZmqMessage::try_from(req.into_iter().map(Bytes::from).collect::<Vec<_>>()).unwrap();
+    d.send(msg).await.unwrap();
+    let mut out = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(5), d.recv())
+            .await
+            .expect("replay reply")
+            .unwrap();
+        let frames: Vec<Vec<u8>> = m.into_vec().iter().map(|f| f.to_vec()).collect();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        if kvroute_wire::parse_replay_reply(&refs).unwrap() == kvroute_wire::ReplayReply::End {
+            return out;
+        }
+        out.push(frames);
+    }
+}
+
+#[tokio::test]
+async fn replay_returns_buffered_batches_then_the_end_marker_in_both_layouts() {
+    for layout in [ReplayLayout::WithTopic, ReplayLayout::Old] {
+        let f = fleet("tiny-gemma3", |o| {
+            o.replay_layout = layout;
+            o.topic = "kv".into();
+        })
+        .await;
+        let w = &f.workers[0];
+        for k in 0..3u32 {
+            let p: Vec<u32> = (0..70).map(|i| (i * 3 + k * 101) % 1000).collect();
+            complete(w.http, &p, None).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let all = replay(&w.replay[0], 0).await;
+        assert!(all.len() >= 3, "{layout:?}: {} batches", all.len());
+        let from1 = replay(&w.replay[0], 1).await;
+        assert_eq!(from1.len(), all.len() - 1);
+        for frames in &all {
+            let expected = if layout == ReplayLayout::WithTopic {
+                4
+            } else {
+                3
+            };
+            assert_eq!(frames.len(), expected, "{layout:?}");
+            if layout == ReplayLayout::WithTopic {
+                assert_eq!(frames[1], b"kv");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn dropped_batches_leave_a_seq_gap_that_replay_fills() {
+    let f = fleet("tiny-gemma3", |_| {}).await;
+    let w = &f.workers[0];
+    let mut sub = subscribe(&w.zmq[0]).await;
+    complete(w.http, &(0..40).collect::<Vec<u32>>(), None).await;
+    post(w.http, "/admin/faults", &json!({"drop_batches": 2})).await;
+    for k in 1..4u32 {
+        let p: Vec<u32> = (0..40).map(|i| i + 200 * k).collect();
+        complete(w.http, &p, None).await;
+    }
+    let seen: Vec<u64> = drain(&mut sub, Duration::from_millis(200))
+        .await
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
+    assert_eq!(seen, vec![0, 3]);
+    let missing = replay(&w.replay[0], 1).await;
+    let seqs: Vec<u64> = missing
+        .iter()
+        .map(|f| u64::from_be_bytes(f[2].as_slice().try_into().unwrap()))
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn a_publisher_restart_starts_the_seq_again_at_zero_keeping_or_clearing_the_cache() {
+    let f = fleet("tiny-gemma3", |_| {}).await;
+    let w = &f.workers[0];
+    let mut sub = subscribe(&w.zmq[0]).await;
+    let p: Vec<u32> = (0..100).collect();
+    complete(w.http, &p, None).await;
+    post(w.http, "/admin/restart", &json!({"clear_cache": false})).await;
+    assert_eq!(complete(w.http, &p, None).await, 96);
+    post(w.http, "/admin/restart", &json!({"clear_cache": true})).await;
+    assert_eq!(complete(w.http, &p, None).await, 0);
+    let seqs: Vec<u64> = drain(&mut sub, Duration::from_millis(200))
+        .await
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
+    // The cached repeat stores nothing; after the second restart the store is seq 0 again.
+    assert_eq!(seqs, vec![0, 0]);
+}
+
+#[tokio::test]
+async fn dp_ranks_publish_on_consecutive_ports_and_stamp_their_rank() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut cfg = WorkerConfig::for_preset("tiny-gemma3").unwrap();
+    cfg.speedup = 1000.0;
+    cfg.data_parallel_size = 2;
+    cfg.zmq = Some(PublisherConfig::new(&format!("tcp://*:{port}")));
+    let h = kvroute_sim::start_worker("dp", cfg, ([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    assert_eq!(h.zmq.len(), 2);
+    let mut subs = Vec::new();
+    for r in 0..2u16 {
+        subs.push(subscribe(&format!("tcp://127.0.0.1:{}", port + r)).await);
+    }
+    for k in 0..4u32 {
+        let p: Vec<u32> = (0..40).map(|i| i + 100 * k).collect();
+        complete(h.http, &p, None).await;
+    }
+    for (r, sub) in subs.iter_mut().enumerate() {
+        let got = drain(sub, Duration::from_millis(200)).await;
+        assert!(!got.is_empty(), "rank {r} published nothing");
+        for (_, frames) in got {
+            assert_eq!(decode("dp", &frames).dp_rank, Some(r as u32));
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_older_array_layout_decodes_to_the_same_stores() {
+    let f = fleet("llama", |o| o.format = WireFormat::LegacyArray).await;
+    let w = &f.workers[0];
+    let mut sub = subscribe(&w.zmq[0]).await;
+    complete(w.http, &(0..40).collect::<Vec<u32>>(), None).await;
+    let got = drain(&mut sub, Duration::from_millis(200)).await;
+    let events = decode("w0", &got[0].1).events;
+    assert!(matches!(&events[0], Event::Stored(s) if s.hashes.len() == 2 && s.group.is_none()));
+}
