@@ -11,28 +11,51 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A cheap mixing hasher for keys that are already (mostly) uniform 64-bit hashes. It still
-/// mixes, so small or patterned keys from a buggy engine cannot degrade the table.
+/// mixes (a folded 64×64→128-bit multiply: both halves of the product, xored), so small or
+/// patterned keys from a buggy engine cannot degrade the table. Several writes (a tuple key,
+/// a string) are combined, never overwritten.
 #[derive(Default, Clone, Copy)]
 pub struct MixHasher(u64);
 
+const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+
+#[inline]
+fn fold(x: u64) -> u64 {
+    let wide = (x as u128).wrapping_mul(MIX as u128);
+    (wide as u64) ^ ((wide >> 64) as u64)
+}
+
 impl Hasher for MixHasher {
+    #[inline]
     fn finish(&self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        x
+        fold(self.0)
     }
     fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.write_u64(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 59));
         }
     }
+    #[inline]
     fn write_u64(&mut self, i: u64) {
-        self.0 = i;
+        // One key from a fresh hasher is the key itself; later writes fold the state first.
+        self.0 = if self.0 == 0 { i } else { fold(self.0) ^ i };
     }
+    #[inline]
     fn write_u32(&mut self, i: u32) {
-        self.0 = i as u64;
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(i as u64 | 0x100);
     }
 }
 

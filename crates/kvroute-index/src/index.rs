@@ -1,18 +1,22 @@
 //! The concurrent hybrid cache index: every (worker, rank)'s state, and predictions.
 //!
-//! Owns: the map (worker, rank) → `RankState`, per-worker configuration, index-wide counters,
-//! and the prediction entry points (one request against every worker, or one worker).
+//! Owns: the map (worker, rank) → `RankState` (and the same ranks sorted, the order predictions
+//! return), per-worker configuration, index-wide counters, and the prediction entry points (one
+//! request against every worker, or one worker; with each group's evidence or without).
 //! Invariants: one event is applied under its rank's write lock, so a prediction never sees
 //! half of an event; events of different workers never wait on each other (the outer map is
-//! write-locked only to add or drop a rank); a request is hashed once per distinct hash setting.
+//! write-locked only to add or drop a rank; a prediction holds it read-locked while it visits
+//! the ranks); a request is hashed once per distinct hash setting; a prediction without
+//! evidence allocates only its result (layouts of at most `STACK_HOLDERS` groups).
 //! Must not: decode wire bytes or talk to sockets.
 
 use crate::counters::{Counter, Counters};
 use crate::event::{Event, WorkerId};
 use crate::hash::{self, BlockExtras, BlockHasher, HashAlgo};
-use crate::layout::Params;
+use crate::holder::{MixBuild, Multiset};
+use crate::layout::{Params, Plan};
 use crate::rank::{HashMode, RankState, RankStats, WorkerConfig};
-use crate::rules::{self, GroupEvidence, Lookup};
+use crate::rules::{self, GroupEvidence, Lookup, STACK_LOOKUPS};
 use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +31,16 @@ pub struct Query {
     pub skip_prefix_cache: bool,
 }
 
+/// How much a prediction computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Detail {
+    /// `cached` and `group_blind` only; `Prediction::groups` is left empty. The routing path.
+    Cached,
+    /// Also each group's own servable length (`explain`, the gateway's decision header).
+    #[default]
+    Evidence,
+}
+
 /// One (worker, rank)'s predicted reuse for a request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Prediction {
@@ -36,6 +50,7 @@ pub struct Prediction {
     pub cached: u64,
     /// What a router looking only at full-attention groups would predict.
     pub group_blind: u64,
+    /// Each group alone; empty when predicted with `Detail::Cached`.
     pub groups: Vec<GroupEvidence>,
     pub params: Option<Params>,
     pub degraded: bool,
@@ -50,11 +65,19 @@ pub struct IndexStats {
 }
 
 type RankKey = (WorkerId, u32);
+type RankRef = Arc<RwLock<RankState>>;
+
+/// Every rank, by key and in key order (the same `Arc`s in both).
+#[derive(Default)]
+struct Ranks {
+    by_key: HashMap<RankKey, RankRef, MixBuild>,
+    sorted: Vec<(RankKey, RankRef)>,
+}
 
 /// The hybrid cache index.
 #[derive(Default)]
 pub struct Index {
-    ranks: RwLock<HashMap<RankKey, Arc<RwLock<RankState>>>>,
+    ranks: RwLock<Ranks>,
     configs: RwLock<HashMap<WorkerId, WorkerConfig>>,
     default_config: WorkerConfig,
     counters: Counters,
@@ -67,7 +90,8 @@ struct Chains<'q> {
     n_tokens: usize,
     skip: bool,
     source: Source<'q>,
-    cache: HashMap<(HashMode, u32), Vec<u64>>,
+    /// (mode, hash block, chain) per distinct setting seen (usually one).
+    cache: Vec<(HashMode, u32, Vec<u64>)>,
 }
 
 enum Source<'q> {
@@ -83,7 +107,7 @@ impl<'q> Chains<'q> {
             n_tokens: query.tokens.len(),
             skip: query.skip_prefix_cache,
             source: Source::Tokens(query),
-            cache: HashMap::new(),
+            cache: Vec::new(),
         }
     }
 
@@ -92,7 +116,7 @@ impl<'q> Chains<'q> {
             n_tokens,
             skip: false,
             source: Source::Given(chain),
-            cache: HashMap::new(),
+            cache: Vec::new(),
         }
     }
 
@@ -101,17 +125,27 @@ impl<'q> Chains<'q> {
             Source::Given(chain) => return chain,
             Source::Tokens(query) => query,
         };
-        self.cache.entry((mode.clone(), h)).or_insert_with(|| {
-            let toks = &query.tokens[..query.tokens.len().saturating_sub(1)];
-            match mode {
-                HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
-                    .chain(toks, h as usize, &query.extras)
-                    .iter()
-                    .map(|d| hash::external(d).0)
-                    .collect(),
-                HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
+        let at = match self
+            .cache
+            .iter()
+            .position(|(m, hb, _)| *hb == h && m == mode)
+        {
+            Some(at) => at,
+            None => {
+                let toks = &query.tokens[..query.tokens.len().saturating_sub(1)];
+                let chain = match mode {
+                    HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
+                        .chain(toks, h as usize, &query.extras)
+                        .iter()
+                        .map(|d| hash::external(d).0)
+                        .collect(),
+                    HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
+                };
+                self.cache.push((mode.clone(), h, chain));
+                self.cache.len() - 1
             }
-        })
+        };
+        &self.cache[at].2
     }
 }
 
@@ -132,13 +166,13 @@ impl Index {
     /// mode changes (their keys would mean something else).
     pub fn configure_worker(&self, worker: &WorkerId, config: WorkerConfig) {
         self.configs.write().insert(worker.clone(), config.clone());
-        for ((w, _), rank) in self.ranks.read().iter() {
+        for ((w, _), rank) in self.ranks.read().by_key.iter() {
             if w == worker {
                 let mut r = rank.write();
                 if r.config.hash != config.hash {
                     *r = RankState::new(config.clone());
                 } else {
-                    r.config = config.clone();
+                    r.set_config(config.clone());
                 }
             }
         }
@@ -154,21 +188,32 @@ impl Index {
 
     /// Drops every rank of a worker (and its configuration).
     pub fn remove_worker(&self, worker: &WorkerId) {
-        self.ranks.write().retain(|(w, _), _| w != worker);
+        {
+            let mut ranks = self.ranks.write();
+            ranks.by_key.retain(|(w, _), _| w != worker);
+            ranks.sorted.retain(|((w, _), _)| w != worker);
+        }
         self.configs.write().remove(worker);
     }
 
-    fn rank(&self, worker: &WorkerId, dp_rank: u32) -> Arc<RwLock<RankState>> {
+    fn rank(&self, worker: &WorkerId, dp_rank: u32) -> RankRef {
         let key = (worker.clone(), dp_rank);
-        if let Some(r) = self.ranks.read().get(&key) {
+        if let Some(r) = self.ranks.read().by_key.get(&key) {
             return r.clone();
         }
         let config = self.worker_config(worker);
-        self.ranks
-            .write()
-            .entry(key)
-            .or_insert_with(|| Arc::new(RwLock::new(RankState::new(config))))
-            .clone()
+        let mut ranks = self.ranks.write();
+        if let Some(r) = ranks.by_key.get(&key) {
+            return r.clone();
+        }
+        let r: RankRef = Arc::new(RwLock::new(RankState::new(config)));
+        let at = ranks
+            .sorted
+            .binary_search_by(|(k, _)| k.cmp(&key))
+            .unwrap_or_else(|at| at);
+        ranks.sorted.insert(at, (key.clone(), r.clone()));
+        ranks.by_key.insert(key, r.clone());
+        r
     }
 
     /// Applies one event.
@@ -205,9 +250,12 @@ impl Index {
 
     /// Workers and ranks known, sorted.
     pub fn ranks(&self) -> Vec<(WorkerId, u32)> {
-        let mut v: Vec<_> = self.ranks.read().keys().cloned().collect();
-        v.sort();
-        v
+        self.ranks
+            .read()
+            .sorted
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     pub fn counters(&self) -> &Counters {
@@ -221,26 +269,30 @@ impl Index {
         dp_rank: u32,
         f: impl FnOnce(&RankState) -> T,
     ) -> Option<T> {
-        let rank = self.ranks.read().get(&(worker.clone(), dp_rank)).cloned()?;
+        let rank = self
+            .ranks
+            .read()
+            .by_key
+            .get(&(worker.clone(), dp_rank))
+            .cloned()?;
         let r = rank.read();
         Some(f(&r))
     }
 
     pub fn rank_stats(&self) -> Vec<(WorkerId, u32, RankStats)> {
-        let mut out: Vec<_> = self
-            .ranks
+        self.ranks
             .read()
+            .sorted
             .iter()
             .map(|((w, d), r)| (w.clone(), *d, r.read().stats.clone()))
-            .collect();
-        out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-        out
+            .collect()
     }
 
     /// Device contents per (worker, rank) → group → hash → copies (empty groups left out).
     pub fn contents(&self) -> BTreeMap<(WorkerId, u32), BTreeMap<u32, BTreeMap<u64, u32>>> {
         self.ranks
             .read()
+            .sorted
             .iter()
             .map(|(k, r)| (k.clone(), r.read().contents()))
             .filter(|(_, c)| !c.is_empty())
@@ -250,10 +302,10 @@ impl Index {
     pub fn stats(&self) -> IndexStats {
         let ranks = self.ranks.read();
         let mut s = IndexStats {
-            ranks: ranks.len(),
+            ranks: ranks.sorted.len(),
             ..IndexStats::default()
         };
-        for r in ranks.values() {
+        for (_, r) in &ranks.sorted {
             let r = r.read();
             s.holders += r.groups.len();
             s.block_copies += r.block_copies();
@@ -262,9 +314,15 @@ impl Index {
         s
     }
 
-    /// Predicts the request on every known (worker, rank), sorted by worker and rank.
+    /// Predicts the request on every known (worker, rank), sorted by worker and rank, with
+    /// each group's evidence.
     pub fn predict_all(&self, q: &Query) -> Vec<Prediction> {
-        self.predict_each(&mut Chains::new(q))
+        self.predict_all_detail(q, Detail::Evidence)
+    }
+
+    /// `predict_all` computing only what `detail` asks for (`Detail::Cached` for routing).
+    pub fn predict_all_detail(&self, q: &Query, detail: Detail) -> Vec<Prediction> {
+        self.predict_each(&mut Chains::new(q), detail)
     }
 
     /// Predicts a request of `n_tokens` tokens whose 64-bit block-hash chain is `chain`, on
@@ -272,35 +330,52 @@ impl Index {
     /// `predict_all` would compute for block `i` of the request's first `n_tokens − 1` tokens at
     /// each rank's hash block size (the caller vouches that every rank shares one hash block
     /// size and one hash mode). The request carries no extras and reads the prefix cache.
-    /// Equal to `predict_all` for such a chain; meant for callers that hashed the request
-    /// already, and for benchmarks.
-    pub fn predict_all_with_chain(&self, n_tokens: usize, chain: &[u64]) -> Vec<Prediction> {
-        self.predict_each(&mut Chains::given(n_tokens, chain))
+    /// Equal to `predict_all_detail` for such a chain; meant for callers that hashed the
+    /// request already, and for benchmarks.
+    pub fn predict_all_with_chain(
+        &self,
+        n_tokens: usize,
+        chain: &[u64],
+        detail: Detail,
+    ) -> Vec<Prediction> {
+        self.predict_each(&mut Chains::given(n_tokens, chain), detail)
     }
 
-    fn predict_each(&self, chains: &mut Chains<'_>) -> Vec<Prediction> {
-        let ranks: Vec<(RankKey, Arc<RwLock<RankState>>)> = self
-            .ranks
-            .read()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let mut out: Vec<Prediction> = ranks
-            .iter()
-            .map(|((w, d), r)| predict_rank(w, *d, &r.read(), chains))
-            .collect();
+    fn predict_each(&self, chains: &mut Chains<'_>, detail: Detail) -> Vec<Prediction> {
+        let ranks = self.ranks.read();
+        let mut out = Vec::with_capacity(ranks.sorted.len());
+        for ((w, d), r) in &ranks.sorted {
+            out.push(predict_rank(w, *d, &r.read(), chains, detail));
+        }
+        drop(ranks);
         self.counters.add(Counter::Predictions, 1);
-        out.sort_by(|a, b| (&a.worker, a.dp_rank).cmp(&(&b.worker, b.dp_rank)));
         out
     }
 
-    /// Predicts the request on one (worker, rank); a rank never seen predicts 0.
+    /// Predicts the request on one (worker, rank), with each group's evidence; a rank never
+    /// seen predicts 0.
     pub fn predict(&self, worker: &WorkerId, dp_rank: u32, q: &Query) -> Prediction {
+        self.predict_detail(worker, dp_rank, q, Detail::Evidence)
+    }
+
+    /// `predict` computing only what `detail` asks for.
+    pub fn predict_detail(
+        &self,
+        worker: &WorkerId,
+        dp_rank: u32,
+        q: &Query,
+        detail: Detail,
+    ) -> Prediction {
         self.counters.add(Counter::Predictions, 1);
-        let rank = self.ranks.read().get(&(worker.clone(), dp_rank)).cloned();
+        let rank = self
+            .ranks
+            .read()
+            .by_key
+            .get(&(worker.clone(), dp_rank))
+            .cloned();
         let mut chains = Chains::new(q);
         match rank {
-            Some(r) => predict_rank(worker, dp_rank, &r.read(), &mut chains),
+            Some(r) => predict_rank(worker, dp_rank, &r.read(), &mut chains, detail),
             None => Prediction {
                 worker: worker.clone(),
                 dp_rank,
@@ -314,43 +389,96 @@ impl Index {
     }
 }
 
+/// Holders a prediction resolves on the stack; a layout with more groups takes a `Vec`.
+pub const STACK_HOLDERS: usize = 32;
+
 fn predict_rank(
     worker: &WorkerId,
     dp_rank: u32,
     r: &RankState,
     chains: &mut Chains<'_>,
+    detail: Detail,
 ) -> Prediction {
-    let params = r.params();
+    let plan = r.plan();
     let mut pred = Prediction {
         worker: worker.clone(),
         dp_rank,
         cached: 0,
         group_blind: 0,
         groups: Vec::new(),
-        params: params.clone(),
+        params: plan.params,
         degraded: r.degraded,
     };
-    let Some(p) = params else { return pred };
+    let Some(p) = plan.params else { return pred };
     let (n_tokens, skip) = (chains.n_tokens, chains.skip);
     let chain = chains.get(&r.config.hash, p.hash_block);
-    let empty = crate::holder::Multiset::default();
-    let specs = r.layout.lookups();
-    let lookups: Vec<Lookup<'_>> = specs
-        .iter()
-        .map(|(spec, ids)| Lookup {
-            spec,
-            groups: ids.clone(),
-            holders: ids
-                .iter()
-                .map(|g| r.groups.get(g).map_or(&empty, |s| &s.holder))
-                .collect(),
-        })
-        .collect();
-    let j = rules::joint(&lookups, chain, n_tokens, &p, r.config.lookup.chunk_size);
+    let empty = Multiset::default();
+    let holder = |g: &u32| r.groups.get(g).map_or(&empty, |s| &s.holder);
+    let chunk = r.config.lookup.chunk_size;
+    let evidence = detail == Detail::Evidence;
+    let j = with_lookups(plan, &empty, holder, |lookups| {
+        rules::joint(lookups, chain, n_tokens, &p, chunk, evidence)
+    });
     pred.cached = if skip { 0 } else { j.cached };
     pred.group_blind = j.group_blind;
     pred.groups = j.groups;
     pred
+}
+
+/// Runs `f` on the plan's lookups with their holders resolved, on the stack when they fit.
+fn with_lookups<'a, T>(
+    plan: &'a Plan,
+    empty: &'a Multiset,
+    holder: impl Fn(&u32) -> &'a Multiset,
+    f: impl FnOnce(&[Lookup<'_>]) -> T,
+) -> T {
+    let Some((first, _)) = plan.lookups.first() else {
+        return f(&[]);
+    };
+    let n = plan.lookups.len();
+    let total: usize = plan.lookups.iter().map(|(_, ids)| ids.len()).sum();
+    let dummy = Lookup {
+        spec: first,
+        groups: &[],
+        holders: &[],
+    };
+    if n <= STACK_LOOKUPS && total <= STACK_HOLDERS {
+        let mut hs = [empty; STACK_HOLDERS];
+        for (slot, g) in hs
+            .iter_mut()
+            .zip(plan.lookups.iter().flat_map(|(_, ids)| ids))
+        {
+            *slot = holder(g);
+        }
+        let mut lks = [dummy; STACK_LOOKUPS];
+        let mut at = 0;
+        for (lk, (spec, ids)) in lks.iter_mut().zip(&plan.lookups) {
+            *lk = Lookup {
+                spec,
+                groups: ids,
+                holders: &hs[at..at + ids.len()],
+            };
+            at += ids.len();
+        }
+        f(&lks[..n])
+    } else {
+        let hs: Vec<&Multiset> = plan
+            .lookups
+            .iter()
+            .flat_map(|(_, ids)| ids.iter().map(&holder))
+            .collect();
+        let mut lks = Vec::with_capacity(n);
+        let mut at = 0;
+        for (spec, ids) in &plan.lookups {
+            lks.push(Lookup {
+                spec,
+                groups: ids,
+                holders: &hs[at..at + ids.len()],
+            });
+            at += ids.len();
+        }
+        f(&lks)
+    }
 }
 
 /// The hashes `kvroute hash` prints: (index, 64-bit value, digest) of every full block.
@@ -431,8 +559,19 @@ mod tests {
             ..Query::default()
         };
         let hashed = index.predict_all(&q);
-        let given = index.predict_all_with_chain(tokens.len(), &chain);
+        let given = index.predict_all_with_chain(tokens.len(), &chain, Detail::Evidence);
         assert_eq!(given, hashed);
+        let lean = index.predict_all_with_chain(tokens.len(), &chain, Detail::Cached);
+        let strip = |v: &[Prediction]| -> Vec<Prediction> {
+            v.iter()
+                .map(|p| Prediction {
+                    groups: Vec::new(),
+                    ..p.clone()
+                })
+                .collect()
+        };
+        assert_eq!(lean, strip(&hashed));
+        assert_eq!(index.predict_all_detail(&q, Detail::Cached), lean);
         let cached: Vec<u64> = given.iter().map(|p| p.cached).collect();
         assert_eq!(cached, vec![96, 112, 0]);
     }

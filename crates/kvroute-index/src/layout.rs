@@ -3,6 +3,7 @@
 //! Owns: per (worker, rank) the map group → (kind, window, block sizes seen), and the derived
 //! `Params`: hash block size `H`, alignment `A`, whether fine-grained (partial) hits apply, and
 //! the coordinator's lookup order (full-attention kinds first, identical specs together).
+//! `Plan` is both, derived once per layout or configuration change for the prediction's hot path.
 //! Invariants: a group's kind and window never change in place (a change is reported so the
 //! caller clears the rank); `block_size` is the largest size seen for the group, a smaller one
 //! (a partial entry at the hash block size) is kept as `partial_size`.
@@ -30,6 +31,8 @@ impl GroupSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Learned {
     Known,
+    /// A known group's block size or partial size changed (the derived params may differ).
+    Resized,
     NewGroup,
     /// The group's kind or window differs from what was learned: the layout changed.
     Changed,
@@ -63,6 +66,7 @@ impl Layout {
             }
             Some(g) if g.kind != *kind || g.window != window => Learned::Changed,
             Some(g) => {
+                let before = (g.block_size, g.partial_size);
                 if block_size > g.block_size {
                     let old = g.block_size;
                     g.block_size = block_size;
@@ -70,7 +74,11 @@ impl Layout {
                 } else if block_size < g.block_size {
                     g.partial_size = Some(g.partial_size.map_or(block_size, |p| p.min(block_size)));
                 }
-                Learned::Known
+                if (g.block_size, g.partial_size) == before {
+                    Learned::Known
+                } else {
+                    Learned::Resized
+                }
             }
         }
     }
@@ -90,7 +98,7 @@ pub struct LookupConfig {
 }
 
 /// The lookup parameters of one (worker, rank), derived like vLLM's coordinator does.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Params {
     pub hash_block: u32,
     pub align: u32,
@@ -106,7 +114,22 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
+/// `Layout::params` and `Layout::lookups` of one layout and configuration, kept by the rank so
+/// a prediction derives nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub params: Option<Params>,
+    pub lookups: Vec<(GroupSpec, Vec<u32>)>,
+}
+
 impl Layout {
+    pub fn plan(&self, cfg: &LookupConfig) -> Plan {
+        Plan {
+            params: self.params(cfg),
+            lookups: self.lookups(),
+        }
+    }
+
     /// `None` when no group is prefix-cacheable (nothing can hit).
     pub fn params(&self, cfg: &LookupConfig) -> Option<Params> {
         let cacheable: Vec<&GroupSpec> = self
@@ -227,6 +250,10 @@ mod tests {
         assert_eq!(
             l.learn(0, &CacheKind::FullAttention, None, 64),
             Learned::NewGroup
+        );
+        assert_eq!(
+            l.learn(0, &CacheKind::FullAttention, None, 16),
+            Learned::Resized
         );
         assert_eq!(
             l.learn(0, &CacheKind::FullAttention, None, 16),

@@ -17,7 +17,7 @@ pub mod rank;
 pub mod rules;
 
 pub use hash::{BlockExtras, HashAlgo};
-pub use index::{Index, IndexStats, Prediction, Query};
+pub use index::{Detail, Index, IndexStats, Prediction, Query};
 pub use layout::{GroupSpec, Layout, LookupConfig, Params};
 pub use rank::{HashMode, RankStats, WorkerConfig};
 pub mod reference;

@@ -2,16 +2,18 @@
 //!
 //! Owns: applying one normalized event to one rank (stores, removals, clears; device tier vs
 //! offload tiers; layout learning and layout changes; content-key placement; the live hash
-//! check) and the per-rank statistics.
+//! check), the per-rank statistics, and the rank's `Plan` (params and lookups) for predictions.
 //! Invariants: only device-tier blocks reach the group holders; a removal takes one copy; a
-//! clear empties every device group but keeps the layout; a kind change clears the rank first.
+//! clear empties every device group but keeps the layout; a kind change clears the rank first;
+//! `plan` always equals `layout.plan(&config.lookup)` (recomputed on every layout or
+//! configuration change; `layout` is public for reading, and changes only through `store`).
 //! Must not: lock anything (the index serializes access per rank) or predict.
 
 use crate::counters::{Counter, Counters};
 use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Stored};
 use crate::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
 use crate::holder::{MixBuild, Multiset};
-use crate::layout::{Layout, Learned, LookupConfig, Params};
+use crate::layout::{Layout, Learned, LookupConfig, Params, Plan};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
@@ -79,6 +81,7 @@ pub struct RankState {
     pub(crate) config: WorkerConfig,
     pub(crate) hasher: Option<BlockHasher>,
     pub layout: Layout,
+    pub(crate) plan: Plan,
     pub(crate) groups: BTreeMap<u32, GroupState>,
     pub(crate) offload: BTreeMap<String, Multiset>,
     /// Full digests of blocks the router recomputed, by 64-bit value (parents for the check).
@@ -98,6 +101,7 @@ impl RankState {
             config,
             hasher,
             layout: Layout::default(),
+            plan: Plan::default(),
             groups: BTreeMap::new(),
             offload: BTreeMap::new(),
             digests: HashMap::default(),
@@ -111,7 +115,22 @@ impl RankState {
     }
 
     pub fn params(&self) -> Option<Params> {
-        self.layout.params(&self.config.lookup)
+        self.plan.params
+    }
+
+    /// The derived params and lookups predictions use.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Replaces the configuration (same hash mode) and re-derives the plan.
+    pub(crate) fn set_config(&mut self, config: WorkerConfig) {
+        self.config = config;
+        self.replan();
+    }
+
+    fn replan(&mut self) {
+        self.plan = self.layout.plan(&self.config.lookup);
     }
 
     /// Empties every device group (the layout stays known).
@@ -127,6 +146,7 @@ impl RankState {
     pub fn reset(&mut self) {
         self.groups.clear();
         self.layout = Layout::default();
+        self.replan();
         self.digests.clear();
     }
 
@@ -157,16 +177,20 @@ impl RankState {
                 CacheKind::FullAttention
             }
         };
-        if self
+        match self
             .layout
             .learn(group, &kind, ev.sliding_window, ev.block_size)
-            == Learned::Changed
         {
-            counters.add(Counter::LayoutChanges, 1);
-            self.stats.layout_changes += 1;
-            self.reset();
-            self.layout
-                .learn(group, &kind, ev.sliding_window, ev.block_size);
+            Learned::Known => {}
+            Learned::Resized | Learned::NewGroup => self.replan(),
+            Learned::Changed => {
+                counters.add(Counter::LayoutChanges, 1);
+                self.stats.layout_changes += 1;
+                self.reset();
+                self.layout
+                    .learn(group, &kind, ev.sliding_window, ev.block_size);
+                self.replan();
+            }
         }
         match self.config.hash {
             HashMode::Engine { .. } => {
@@ -297,7 +321,7 @@ impl RankState {
     /// The live hash check: recompute a reproducible store and compare.
     fn check_hashes(&mut self, ev: &Stored, counters: &Counters) {
         let Some(hasher) = &self.hasher else { return };
-        let Some(params) = self.layout.params(&self.config.lookup) else {
+        let Some(params) = self.plan.params else {
             return;
         };
         let h = params.hash_block as usize;

@@ -14,10 +14,11 @@ use crate::layout::{GroupSpec, Params};
 use serde::Serialize;
 
 /// One coordinator lookup: groups with an identical spec, looked up together.
+#[derive(Clone, Copy)]
 pub struct Lookup<'a> {
     pub spec: &'a GroupSpec,
-    pub groups: Vec<u32>,
-    pub holders: Vec<&'a Multiset>,
+    pub groups: &'a [u32],
+    pub holders: &'a [&'a Multiset],
 }
 
 /// What one group alone could serve, for `explain` and the group-blind comparison.
@@ -37,9 +38,14 @@ pub struct Joint {
     pub cached: u64,
     /// What a router that looks only at full-attention groups would predict.
     pub group_blind: u64,
+    /// Each group alone (empty unless evidence was asked for).
     pub groups: Vec<GroupEvidence>,
 }
 
+/// Lookups a prediction resolves without allocating; a layout with more takes a `Vec`.
+pub const STACK_LOOKUPS: usize = 16;
+
+#[derive(Clone, Copy)]
 struct View<'a> {
     hashes: &'a [u64],
     holders: &'a [&'a Multiset],
@@ -156,126 +162,172 @@ fn make_view<'a>(
     })
 }
 
-/// Full-attention hits of one request per lookup, by the `max` they were computed from: the
-/// evidence, the group-blind and the joint passes all start a full-attention lookup's walk
-/// from `l0`, so it is walked once.
-struct FullMemo(Vec<Option<(u64, u64)>>);
-
-impl FullMemo {
-    fn get(&mut self, i: usize, v: &View<'_>, max: u64, fine: bool) -> u64 {
-        match self.0[i] {
-            Some((m, hit)) if m == max => hit,
-            _ => {
-                let hit = v.full(max, fine);
-                self.0[i] = Some((max, hit));
-                hit
-            }
-        }
-    }
-}
-
-/// The coordinator's passes over the lookups `order` (indices into `lookups`), from `l0`.
-fn fixed_point(
-    lookups: &[Lookup<'_>],
-    views: &[Option<View<'_>>],
-    order: &[usize],
-    l0: u64,
-    p: &Params,
-    chunk: Option<u32>,
-    memo: &mut FullMemo,
-) -> u64 {
-    let mut full_hits: Vec<Option<u64>> = vec![None; lookups.len()];
-    let mut l = l0;
-    loop {
-        let before = l;
-        for &i in order {
-            let Some(v) = views[i].as_ref() else {
-                return 0;
-            };
-            let spec = lookups[i].spec;
-            l = if spec.rule() == Rule::FullAttention {
-                let f = match full_hits[i] {
-                    Some(f) => f,
-                    None => *full_hits[i].insert(memo.get(i, v, l, p.fine_grained)),
-                };
-                f.min(l)
-            } else {
-                v.largest(spec, l, p.fine_grained, chunk)
-            };
-        }
-        if l == before || l == 0 {
-            return l;
-        }
-    }
-}
-
 /// The start of the fixed point: `n − 1` aligned down to `A` (0 for an empty request).
 pub fn start_length(n: usize, align: u32) -> u64 {
     let a = align.max(1) as u64;
     (n as u64).saturating_sub(1) / a * a
 }
 
+/// Per-lookup scratch of one prediction: the views, and each full-attention lookup's walk
+/// from the `max` it was computed for (the group-blind and the joint passes both start a
+/// full-attention lookup from `l0`, so it is walked once).
+struct Scratch<'a, 'v> {
+    lookups: &'v [Lookup<'a>],
+    views: &'v [Option<View<'a>>],
+    memo: &'v mut [Option<(u64, u64)>],
+    p: &'v Params,
+    chunk: Option<u32>,
+}
+
+impl Scratch<'_, '_> {
+    fn full(&mut self, i: usize, v: &View<'_>, max: u64) -> u64 {
+        match self.memo[i] {
+            Some((m, hit)) if m == max => hit,
+            _ => {
+                let hit = v.full(max, self.p.fine_grained);
+                self.memo[i] = Some((max, hit));
+                hit
+            }
+        }
+    }
+
+    /// The coordinator's passes from `l0` over the lookups (full-attention ones only when
+    /// `full_only`), in order. `firsts` holds each full-attention lookup's first result.
+    fn fixed_point(&mut self, full_only: bool, l0: u64, firsts: &mut [Option<u64>]) -> u64 {
+        let mut l = l0;
+        loop {
+            let before = l;
+            for i in 0..self.lookups.len() {
+                let spec = self.lookups[i].spec;
+                let full = spec.rule() == Rule::FullAttention;
+                if full_only && !full {
+                    continue;
+                }
+                let Some(v) = self.views[i] else {
+                    return 0;
+                };
+                l = if full {
+                    let f = match firsts[i] {
+                        Some(f) => f,
+                        None => *firsts[i].insert(self.full(i, &v, l)),
+                    };
+                    f.min(l)
+                } else {
+                    v.largest(spec, l, self.p.fine_grained, self.chunk)
+                };
+            }
+            if l == before || l == 0 {
+                return l;
+            }
+        }
+    }
+
+    /// (cached, group_blind) from `l0`.
+    fn solve(&mut self, hashes: &[u64], l0: u64, firsts: &mut [Option<u64>]) -> (u64, u64) {
+        let any_full = self
+            .lookups
+            .iter()
+            .any(|lk| lk.spec.rule() == Rule::FullAttention);
+        let group_blind = if any_full {
+            let blind = self.fixed_point(true, l0, firsts);
+            firsts.iter_mut().for_each(|f| *f = None);
+            blind
+        } else {
+            self.lookups
+                .first()
+                .and_then(|lk| {
+                    lk.holders
+                        .first()
+                        .and_then(|hd| make_view(lk.spec, std::slice::from_ref(hd), hashes, self.p))
+                })
+                .map_or(0, |v| v.full(l0, self.p.fine_grained))
+        };
+        let cached = self.fixed_point(false, l0, firsts);
+        (cached, group_blind)
+    }
+
+    /// Each group alone, from `l0`, sorted by group.
+    fn evidence(&mut self, hashes: &[u64], l0: u64) -> Vec<GroupEvidence> {
+        let mut groups = Vec::new();
+        for (i, lk) in self.lookups.iter().enumerate() {
+            for (gid, holder) in lk.groups.iter().zip(lk.holders.iter()) {
+                let alone = match self.views[i] {
+                    // A full-attention group that is its lookup's only group: the lookup's walk.
+                    Some(v) if lk.spec.rule() == Rule::FullAttention && lk.holders.len() == 1 => {
+                        self.full(i, &v, l0)
+                    }
+                    _ => {
+                        let single = [*holder];
+                        make_view(lk.spec, &single, hashes, self.p).map_or(0, |v| {
+                            v.largest(lk.spec, l0, self.p.fine_grained, self.chunk)
+                        })
+                    }
+                };
+                groups.push(GroupEvidence {
+                    group: *gid,
+                    kind: lk.spec.kind.to_string(),
+                    window: lk.spec.window,
+                    block_size: lk.spec.block_size,
+                    alone,
+                });
+            }
+        }
+        groups.sort_by_key(|g| g.group);
+        groups
+    }
+}
+
 /// The joint prediction over `lookups` for a request of `n` tokens whose chain at `H` is
-/// `hashes`.
+/// `hashes`; with `evidence`, also each group alone (otherwise `groups` is empty). Allocates
+/// nothing without evidence when there are at most `STACK_LOOKUPS` lookups.
 pub fn joint(
     lookups: &[Lookup<'_>],
     hashes: &[u64],
     n: usize,
     p: &Params,
     chunk: Option<u32>,
+    evidence: bool,
 ) -> Joint {
     let l0 = start_length(n, p.align);
-    let views: Vec<Option<View<'_>>> = lookups
-        .iter()
-        .map(|lk| make_view(lk.spec, &lk.holders, hashes, p))
-        .collect();
-
-    let mut memo = FullMemo(vec![None; lookups.len()]);
-
-    // Evidence: each group alone, from the same start.
-    let mut groups = Vec::new();
-    for (i, lk) in lookups.iter().enumerate() {
-        for (gid, holder) in lk.groups.iter().zip(lk.holders.iter()) {
-            let alone = match views[i].as_ref() {
-                // A full-attention group that is its lookup's only group: the lookup's own walk.
-                Some(v) if lk.spec.rule() == Rule::FullAttention && lk.holders.len() == 1 => {
-                    memo.get(i, v, l0, p.fine_grained)
-                }
-                _ => {
-                    let single = [*holder];
-                    make_view(lk.spec, &single, hashes, p)
-                        .map_or(0, |v| v.largest(lk.spec, l0, p.fine_grained, chunk))
-                }
-            };
-            groups.push(GroupEvidence {
-                group: *gid,
-                kind: lk.spec.kind.to_string(),
-                window: lk.spec.window,
-                block_size: lk.spec.block_size,
-                alone,
-            });
-        }
-    }
-    groups.sort_by_key(|g| g.group);
-    let full_only: Vec<usize> = (0..lookups.len())
-        .filter(|i| lookups[*i].spec.rule() == Rule::FullAttention)
-        .collect();
-    let group_blind = if full_only.is_empty() {
-        lookups
-            .first()
-            .and_then(|lk| {
-                lk.holders
-                    .first()
-                    .and_then(|hd| make_view(lk.spec, std::slice::from_ref(hd), hashes, p))
-            })
-            .map_or(0, |v| v.full(l0, p.fine_grained))
+    let count = lookups.len();
+    let mut views_stack: [Option<View<'_>>; STACK_LOOKUPS] = [None; STACK_LOOKUPS];
+    let mut memo_stack = [None; STACK_LOOKUPS];
+    let mut firsts_stack = [None; STACK_LOOKUPS];
+    let (mut views_heap, mut memo_heap, mut firsts_heap) = (Vec::new(), Vec::new(), Vec::new());
+    let (views, memo, firsts) = if count <= STACK_LOOKUPS {
+        (
+            &mut views_stack[..count],
+            &mut memo_stack[..count],
+            &mut firsts_stack[..count],
+        )
     } else {
-        fixed_point(lookups, &views, &full_only, l0, p, chunk, &mut memo)
+        views_heap.resize(count, None);
+        memo_heap.resize(count, None);
+        firsts_heap.resize(count, None);
+        (
+            &mut views_heap[..],
+            &mut memo_heap[..],
+            &mut firsts_heap[..],
+        )
     };
-    let all: Vec<usize> = (0..lookups.len()).collect();
-    let l = fixed_point(lookups, &views, &all, l0, p, chunk, &mut memo);
+    for (v, lk) in views.iter_mut().zip(lookups) {
+        *v = make_view(lk.spec, lk.holders, hashes, p);
+    }
+    let mut s = Scratch {
+        lookups,
+        views,
+        memo,
+        p,
+        chunk,
+    };
+    let groups = if evidence {
+        s.evidence(hashes, l0)
+    } else {
+        Vec::new()
+    };
+    let (cached, group_blind) = s.solve(hashes, l0, firsts);
     Joint {
-        cached: l,
+        cached,
         group_blind,
         groups,
     }

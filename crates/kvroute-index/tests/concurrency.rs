@@ -4,7 +4,7 @@
 mod common;
 use common::{chain, group_blocks, remove, store, tokens};
 use kvroute_index::reference::Reference;
-use kvroute_index::{Index, Query};
+use kvroute_index::{Detail, Index, Query};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -53,7 +53,13 @@ fn predictions_never_see_a_torn_event_and_the_final_state_equals_the_reference()
                         tokens: prompts[i % prompts.len()].clone(),
                         ..Query::default()
                     };
-                    for p in index.predict_all(&q) {
+                    // One reader asks for evidence, the other for the routing path only.
+                    let detail = if r == 0 {
+                        Detail::Evidence
+                    } else {
+                        Detail::Cached
+                    };
+                    for p in index.predict_all_detail(&q, detail) {
                         // 0 before the prompt's events, full length after: never in between.
                         assert!(
                             p.cached == 0 || p.cached == 304,

@@ -5,7 +5,7 @@ mod common;
 use common::chain;
 use kvroute_index::event::{CacheKind, Cleared, EngineHash, Event, Removed, Stored};
 use kvroute_index::reference::Reference;
-use kvroute_index::{Index, LookupConfig, Query, WorkerConfig};
+use kvroute_index::{Detail, Index, LookupConfig, Query, WorkerConfig};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -202,6 +202,12 @@ fn run_case(seed: u64, steps: usize) -> (usize, usize, usize) {
             for (wk, rk) in fast.ranks() {
                 let got = fast.predict(&wk, rk, &q);
                 let want = reference.predict(&wk, rk, &q);
+                let lean = fast.predict_detail(&wk, rk, &q, Detail::Cached);
+                assert_eq!(
+                    (lean.cached, lean.group_blind),
+                    want,
+                    "seed {seed} step {step}: {wk}/{rk} without evidence"
+                );
                 assert_eq!(
                     (got.cached, got.group_blind),
                     want,
@@ -228,7 +234,17 @@ fn run_case(seed: u64, steps: usize) -> (usize, usize, usize) {
             tokens: p.clone(),
             ..Query::default()
         };
-        for got in fast.predict_all(&q) {
+        let lean = fast.predict_all_detail(&q, Detail::Cached);
+        let full = fast.predict_all(&q);
+        assert_eq!(lean.len(), full.len());
+        for (l, f) in lean.iter().zip(&full) {
+            assert_eq!(
+                (&l.worker, l.dp_rank, l.cached, l.group_blind),
+                (&f.worker, f.dp_rank, f.cached, f.group_blind),
+                "seed {seed}: final, without evidence"
+            );
+        }
+        for got in full {
             let want = reference.predict(&got.worker, got.dp_rank, &q);
             assert_eq!(
                 (got.cached, got.group_blind),
