@@ -3,15 +3,17 @@
 //!
 //! Ids are `{op}/{block size}/{index}-{groups}g`; one iteration is the whole fleet for `store`,
 //! `store-warm` (into tables grown by an earlier fill) and `remove` (128 workers × 8k tokens) and one 8k-token request against 128 workers for
-//! `predict`. `predict-hashing` is kvroute's `predict_all` with its SHA-256 of the request, for
-//! context. Per-block figures are derived in docs/benchmarks.md.
+//! `predict`. `predict` asks kvroute for `cached` and `group_blind` (`Detail::Cached`, what routing
+//! uses; ChainIndex answers one prefix length per worker); `predict-evidence` adds each group's
+//! own length (`explain`); `predict-hashing` is `predict_all_detail` with its SHA-256 of the
+//! request. All for context beside `predict`. Per-block figures are derived in docs/benchmarks.md.
 
 mod common;
 
 use common::{check_agreement, kvroute_full, ChainFleet};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use kvroute_bench::{Fleet, Layout};
-use kvroute_index::{Index, Query};
+use kvroute_index::{Detail, Index, Query};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -118,7 +120,20 @@ fn benches(c: &mut Criterion) {
             let index = kvroute_full(&f, layout);
             c.bench_function(&id("predict", &f, "kvroute", layout), |b| {
                 b.iter(|| {
-                    index.predict_all_with_chain(f.request.len(), black_box(&f.request_chain))
+                    index.predict_all_with_chain(
+                        f.request.len(),
+                        black_box(&f.request_chain),
+                        Detail::Cached,
+                    )
+                })
+            });
+            c.bench_function(&id("predict-evidence", &f, "kvroute", layout), |b| {
+                b.iter(|| {
+                    index.predict_all_with_chain(
+                        f.request.len(),
+                        black_box(&f.request_chain),
+                        Detail::Evidence,
+                    )
                 })
             });
             if layout == Layout::Full {
@@ -127,7 +142,7 @@ fn benches(c: &mut Criterion) {
                     ..Query::default()
                 };
                 c.bench_function(&id("predict-hashing", &f, "kvroute", layout), |b| {
-                    b.iter(|| index.predict_all(black_box(&q)))
+                    b.iter(|| index.predict_all_detail(black_box(&q), Detail::Cached))
                 });
             }
         }

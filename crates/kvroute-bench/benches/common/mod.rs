@@ -6,7 +6,7 @@ use kv_index::{
     compute_content_hash, ChainBlockMap, ChainIndex, ContentHash, SequenceHash, StoredBlock,
 };
 use kvroute_bench::{Fleet, Layout, EVENT_BLOCKS, WORKERS};
-use kvroute_index::Index;
+use kvroute_index::{Detail, Index};
 
 /// The fleet's blocks with both hashes ChainIndex wants: the engine's chain hash (kvroute's
 /// SHA-256 value, the same the kvroute events carry) and the XXH3 content hash of the tokens.
@@ -138,12 +138,20 @@ pub fn check_agreement(f: &Fleet, cf: &ChainFleet) {
     let scores = chain.index.find_matches(&cf.request, false).scores;
     for layout in Layout::ALL {
         let kv = kvroute_full(f, layout);
-        let given = kv.predict_all_with_chain(f.request.len(), &f.request_chain);
+        let given = kv.predict_all_with_chain(f.request.len(), &f.request_chain, Detail::Evidence);
         let hashed = kv.predict_all(&kvroute_index::Query {
             tokens: f.request.clone(),
             ..Default::default()
         });
         assert_eq!(given, hashed, "{layout:?}: given chain vs hashing");
+        let lean = kv.predict_all_with_chain(f.request.len(), &f.request_chain, Detail::Cached);
+        for (l, g) in lean.iter().zip(&given) {
+            assert_eq!(
+                (l.cached, l.group_blind),
+                (g.cached, g.group_blind),
+                "{layout:?}: cached-only vs evidence"
+            );
+        }
         assert_eq!(given.len(), WORKERS);
         if layout == Layout::Full {
             for (w, p) in given.iter().enumerate() {
