@@ -8,6 +8,8 @@ use kvroute::gateway::policy::PolicyKind;
 use kvroute::gateway::Gateway;
 use kvroute::{capture, conformance, events, explain, tokens};
 
+mod sim;
+
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use kvroute_index::HashAlgo;
@@ -99,6 +101,8 @@ enum Cmd {
     },
     /// Run the gateway: an OpenAI-compatible router in front of a fleet.
     Serve(ServeArgs),
+    /// Run a simulated hybrid vLLM engine (kvroute-sim): real KV events and OpenAI API.
+    SimWorker(sim::SimWorkerArgs),
     /// Replay recorded corpora and check every prediction against the engine's own hit.
     Conformance {
         /// Corpus directories (kvroute-conformance/1).
@@ -319,6 +323,7 @@ async fn main() -> Result<()> {
             }
         }
         Cmd::Serve(a) => serve(a).await,
+        Cmd::SimWorker(a) => sim::run(a).await,
         Cmd::Events {
             cmd:
                 EventsCmd::Capture {

@@ -1,0 +1,135 @@
+//! `kvroute sim-worker`: one simulated hybrid vLLM engine (kvroute-sim) on the real wire.
+//!
+//! Owns: the subcommand's flags (named after vLLM's engine arguments where they change cache
+//! behaviour) and turning them into a `kvroute_sim::WorkerConfig`.
+//! Must not: hold simulator logic (that is kvroute-sim).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kvroute_index::HashAlgo;
+use kvroute_sim::{PublisherConfig, ReplayLayout, WireFormat, WorkerConfig};
+use std::net::SocketAddr;
+
+#[derive(Args)]
+pub struct SimWorkerArgs {
+    /// Layout preset: llama, gpt-oss, gemma3, qwen3-next, nemotron-h, llama4, tiny-gemma3,
+    /// tiny-nemotron-h, tiny-qwen3-next (see docs/sim.md).
+    #[arg(long)]
+    preset: String,
+    /// HTTP address of the OpenAI-compatible API.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    http: SocketAddr,
+    /// KV event PUB endpoint, as vLLM's kv-events `endpoint` (`tcp://*:5557` binds; a
+    /// concrete host connects). DP rank r publishes on port + r. No events without it.
+    #[arg(long)]
+    zmq: Option<String>,
+    /// Replay ROUTER endpoint (always bound), as vLLM's `replay_endpoint`.
+    #[arg(long)]
+    replay: Option<String>,
+    /// Topic frame of every live message.
+    #[arg(long, default_value = "")]
+    topic: String,
+    /// Pool size in blocks, null block included (vLLM's `num_gpu_blocks_override`).
+    #[arg(long)]
+    blocks: Option<u32>,
+    /// Block size of every group (Mamba hybrids keep one size for all groups).
+    #[arg(long)]
+    block_size: Option<u32>,
+    #[arg(long)]
+    max_num_batched_tokens: Option<u32>,
+    #[arg(long)]
+    max_num_seqs: Option<u32>,
+    #[arg(long)]
+    max_model_len: Option<u32>,
+    /// sha256 | sha256_cbor.
+    #[arg(long, default_value = "sha256")]
+    prefix_caching_hash_algo: HashAlgo,
+    /// NONE_HASH seed: what vLLM takes from PYTHONHASHSEED.
+    #[arg(long, default_value = kvroute_index::hash::DEFAULT_SEED)]
+    hash_seed: String,
+    /// vLLM's `--prefix-cache-retention-interval`: 0 (sparse, default), a multiple of the
+    /// scheduler block, or `none` (dense).
+    #[arg(long, default_value = "0")]
+    prefix_cache_retention_interval: String,
+    /// Simulated seconds per wall second.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    #[arg(long, default_value_t = 1)]
+    data_parallel_size: u32,
+    /// Model name served on /v1/models (default: the preset).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Batch layout: map (vLLM 0.32) | array (vLLM ≤ 0.23).
+    #[arg(long, default_value = "map")]
+    wire_format: WireFormat,
+    /// Answer replays with the old `["", seq, payload]` layout (no topic frame).
+    #[arg(long)]
+    old_replay_layout: bool,
+    /// Replay buffer size in batches (vLLM's `buffer_steps`).
+    #[arg(long, default_value_t = 10_000)]
+    buffer_steps: usize,
+}
+
+fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
+    let mut cfg = WorkerConfig::for_preset(&a.preset)?;
+    let e = &mut cfg.engine;
+    if let Some(b) = a.block_size {
+        e.spec = e.spec.clone().with_block_size(b);
+    }
+    if let Some(n) = a.blocks {
+        e.num_blocks = n;
+    }
+    if let Some(n) = a.max_num_batched_tokens {
+        e.max_num_batched_tokens = n;
+    }
+    if let Some(n) = a.max_num_seqs {
+        e.max_num_seqs = n;
+    }
+    if let Some(n) = a.max_model_len {
+        e.max_model_len = n;
+    }
+    e.hash_algo = a.prefix_caching_hash_algo;
+    e.hash_seed = a.hash_seed.clone();
+    e.retention = match a.prefix_cache_retention_interval.as_str() {
+        "none" | "None" => None,
+        s => Some(s.parse().context("--prefix-cache-retention-interval")?),
+    };
+    e.spec.params()?;
+    if let Some(name) = &a.served_model_name {
+        cfg.model = name.clone();
+    }
+    cfg.speedup = a.speedup;
+    cfg.data_parallel_size = a.data_parallel_size;
+    cfg.zmq = match &a.zmq {
+        Some(ep) => Some(PublisherConfig {
+            endpoint: ep.clone(),
+            replay_endpoint: a.replay.clone(),
+            topic: a.topic.clone(),
+            buffer_steps: a.buffer_steps,
+            format: a.wire_format,
+            replay_layout: if a.old_replay_layout {
+                ReplayLayout::Old
+            } else {
+                ReplayLayout::WithTopic
+            },
+            dp_rank: 0,
+        }),
+        None if a.replay.is_some() => bail!("--replay needs --zmq"),
+        None => None,
+    };
+    Ok(cfg)
+}
+
+pub async fn run(a: SimWorkerArgs) -> Result<()> {
+    let cfg = config(&a)?;
+    let name = cfg.model.clone();
+    let h = kvroute_sim::start_worker(&name, cfg, a.http)
+        .await
+        .with_context(|| format!("starting the simulated worker on {}", a.http))?;
+    eprintln!(
+        "kvroute sim-worker {}: http {} zmq {:?} replay {:?}",
+        a.preset, h.base_url, h.zmq, h.replay
+    );
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
