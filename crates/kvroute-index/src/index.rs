@@ -390,7 +390,7 @@ impl Index {
 }
 
 /// Holders a prediction resolves on the stack; a layout with more groups takes a `Vec`.
-pub const STACK_HOLDERS: usize = 32;
+pub const STACK_HOLDERS: usize = 8;
 
 fn predict_rank(
     worker: &WorkerId,

@@ -43,7 +43,7 @@ pub struct Joint {
 }
 
 /// Lookups a prediction resolves without allocating; a layout with more takes a `Vec`.
-pub const STACK_LOOKUPS: usize = 16;
+pub const STACK_LOOKUPS: usize = 4;
 
 #[derive(Clone, Copy)]
 struct View<'a> {
@@ -71,12 +71,31 @@ impl View<'_> {
         x / self.align * self.align
     }
 
+    /// Leading blocks present, at most `max_blocks`.
+    fn leading(&self, max_blocks: u64) -> u64 {
+        let k = self.k as usize;
+        let blocks = self.hashes.get(k - 1..).unwrap_or_default();
+        let take = usize::try_from(max_blocks).unwrap_or(usize::MAX);
+        let present = |h: &&u64| self.holders.iter().all(|m| m.contains(**h));
+        match (k, self.holders) {
+            // The common case: one holder, one hash per block.
+            (1, [m]) => blocks
+                .iter()
+                .take(take)
+                .take_while(|h| m.contains(**h))
+                .count() as u64,
+            _ => blocks
+                .iter()
+                .step_by(k)
+                .take(take)
+                .take_while(present)
+                .count() as u64,
+        }
+    }
+
     fn full(&self, max: u64, fine: bool) -> u64 {
         let b = self.block;
-        let mut m = 0;
-        while (m + 1) * b <= max && self.has_block(m) {
-            m += 1;
-        }
+        let m = self.leading(max / b);
         let mut hit = m * b;
         if fine {
             for j in (1..self.k).rev() {
@@ -289,6 +308,18 @@ pub fn joint(
     evidence: bool,
 ) -> Joint {
     let l0 = start_length(n, p.align);
+    if let ([lk], false) = (lookups, evidence) {
+        if lk.spec.rule() == Rule::FullAttention {
+            // One full-attention lookup: its walk from `l0` is both answers.
+            let hit =
+                make_view(lk.spec, lk.holders, hashes, p).map_or(0, |v| v.full(l0, p.fine_grained));
+            return Joint {
+                cached: hit,
+                group_blind: hit,
+                groups: Vec::new(),
+            };
+        }
+    }
     let count = lookups.len();
     let mut views_stack: [Option<View<'_>>; STACK_LOOKUPS] = [None; STACK_LOOKUPS];
     let mut memo_stack = [None; STACK_LOOKUPS];
