@@ -1,0 +1,135 @@
+//! Engine behaviours the corpora do not isolate: duplicates, preemption, window blocks freed
+//! but still cached, the Mamba chunk split, and the time model's effect on TTFT.
+
+use kvroute_index::Event;
+use kvroute_sim::{Engine, EngineConfig, NewRequest};
+
+fn req(prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
+    NewRequest {
+        id: String::new(),
+        prompt,
+        max_tokens,
+        ..NewRequest::default()
+    }
+}
+
+fn run_all(e: &mut Engine) -> (Vec<Event>, Vec<kvroute_sim::TokenOut>) {
+    let (mut events, mut tokens) = (Vec::new(), Vec::new());
+    for _ in 0..100_000 {
+        if !e.has_work() {
+            break;
+        }
+        let out = e.step();
+        events.extend(out.events);
+        tokens.extend(out.tokens);
+    }
+    (events, tokens)
+}
+
+#[test]
+fn a_request_that_recomputes_a_cached_block_stores_it_again_and_each_copy_is_evicted_separately() {
+    let mut cfg = EngineConfig::for_preset("llama").unwrap();
+    cfg.num_blocks = 40;
+    let mut e = Engine::new(cfg).unwrap();
+    let p: Vec<u32> = (0..160).collect();
+    e.add_request(req(p.clone(), 1)).unwrap();
+    e.add_request(req(p.clone(), 1)).unwrap();
+    let (events, _) = run_all(&mut e);
+    let stores: Vec<usize> = events
+        .iter()
+        .filter_map(|ev| match ev {
+            Event::Stored(s) => Some(s.hashes.len()),
+            _ => None,
+        })
+        .collect();
+    // The second request reuses 144 tokens (at most n − 1 = 159, in whole blocks) and
+    // recomputes the last block: its hash is stored a second time.
+    assert_eq!(stores, vec![10, 1]);
+    let copies: Vec<u32> = e.kv.contents()[&0].values().copied().collect();
+    assert_eq!(copies.iter().filter(|n| **n == 2).count(), 1);
+    // Fresh prompts now need the pool: every copy leaves with its own removal.
+    for k in 1..4u32 {
+        e.add_request(req((0..160).map(|i| i + 1000 * k).collect(), 1))
+            .unwrap();
+        run_all(&mut e);
+    }
+    assert!(e
+        .kv
+        .contents()
+        .get(&0)
+        .is_some_and(|g| g.values().all(|n| *n <= 2)));
+}
+
+#[test]
+fn a_full_pool_preempts_the_last_running_request_which_still_finishes() {
+    let mut cfg = EngineConfig::for_preset("llama").unwrap();
+    cfg.num_blocks = 12;
+    cfg.max_num_seqs = 4;
+    let mut e = Engine::new(cfg).unwrap();
+    let mut handles = Vec::new();
+    for k in 0..3u32 {
+        handles.push(
+            e.add_request(req((0..60).map(|i| i + 100 * k).collect(), 60))
+                .unwrap(),
+        );
+    }
+    let (_, tokens) = run_all(&mut e);
+    assert!(e.stats.preemptions > 0);
+    for h in handles {
+        let mine: Vec<_> = tokens.iter().filter(|t| t.handle == h).collect();
+        assert_eq!(mine.len(), 60);
+        assert!(mine.last().is_some_and(|t| t.finished.is_some()));
+    }
+}
+
+#[test]
+fn window_blocks_leaving_the_window_are_freed_but_stay_cached_until_evicted() {
+    let mut cfg = EngineConfig::for_preset("tiny-gemma3").unwrap();
+    cfg.retention = None; // dense: every window block is stored
+    let mut e = Engine::new(cfg).unwrap();
+    let p: Vec<u32> = (0..300).collect();
+    let h = e.add_request(req(p, 40)).unwrap();
+    e.step(); // prefill
+    let free_after_prefill = e.kv.num_free_blocks();
+    e.step(); // the first decode step frees what left the window
+    let held = e.kv.held_blocks(h);
+    // Full attention holds every block; a window of 64 only the last three.
+    assert_eq!(held, vec![3, 3, 3, 10]);
+    assert_eq!(e.kv.num_free_blocks(), free_after_prefill + 3 * 7);
+    // Freed, but still cached: all nine full blocks of each window group.
+    assert_eq!(e.kv.contents()[&0].len(), 9);
+}
+
+#[test]
+fn a_gdn_prefill_is_cut_at_the_last_cacheable_boundary_and_a_mamba2_one_is_not() {
+    for (preset, steps_with_prefill) in [("tiny-qwen3-next", 2), ("tiny-nemotron-h", 1)] {
+        let mut cfg = EngineConfig::for_preset(preset).unwrap();
+        cfg.max_num_batched_tokens = 2048;
+        let mut e = Engine::new(cfg).unwrap();
+        e.add_request(req((0..200).collect(), 1)).unwrap();
+        let mut prefill_steps = 0;
+        while e.has_work() {
+            let out = e.step();
+            if out.scheduled_tokens > 1 || out.tokens.is_empty() {
+                prefill_steps += 1;
+            }
+        }
+        assert_eq!(prefill_steps, steps_with_prefill, "{preset}");
+    }
+}
+
+#[test]
+fn a_reused_prefix_shortens_the_simulated_time_to_first_token() {
+    let mut e = Engine::new(EngineConfig::for_preset("llama").unwrap()).unwrap();
+    let p: Vec<u32> = (0..4000).map(|i| i % 5000).collect();
+    let ttft = |e: &mut Engine| {
+        e.add_request(req(p.clone(), 2)).unwrap();
+        let (_, t) = run_all(e);
+        t.iter()
+            .find_map(|t| t.finished.as_ref().map(|f| f.ttft_s))
+            .unwrap()
+    };
+    let cold = ttft(&mut e);
+    let warm = ttft(&mut e);
+    assert!(warm < cold / 5.0, "cold {cold} warm {warm}");
+}
