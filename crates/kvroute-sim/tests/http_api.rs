@@ -224,7 +224,7 @@ async fn pause_holds_requests_and_resume_releases_them() {
         )
         .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     let state = get(a, "/admin/cache").await.json();
     assert_eq!(state["paused"], true);
     assert_eq!(state["ranks"][0]["waiting"], 1);

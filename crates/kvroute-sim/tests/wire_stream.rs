@@ -17,7 +17,7 @@ async fn subscribe(endpoint: &str) -> SubSocket {
     sub.connect(endpoint).await.unwrap();
     sub.subscribe("").await.unwrap();
     // The slow joiner: give the subscription time to reach the publisher.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     sub
 }
 
@@ -79,7 +79,7 @@ async fn the_live_stream_lets_an_index_predict_every_reported_hit() {
         let predicted = index.predict(&"w0".into(), 0, &q).cached;
         let cached = complete(w.http, p, None).await;
         assert_eq!(predicted, cached, "request {i}");
-        for (seq, frames) in drain(&mut sub, Duration::from_millis(150)).await {
+        for (seq, frames) in drain(&mut sub, Duration::from_millis(500)).await {
             assert_eq!(seq, next_seq, "no gaps");
             next_seq += 1;
             index.apply_all(&decode("w0", &frames).events);
@@ -123,7 +123,7 @@ async fn replay_returns_buffered_batches_then_the_end_marker_in_both_layouts() {
             let p: Vec<u32> = (0..70).map(|i| (i * 3 + k * 101) % 1000).collect();
             complete(w.http, &p, None).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let all = replay(&w.replay[0], 0).await;
         assert!(all.len() >= 3, "{layout:?}: {} batches", all.len());
         let from1 = replay(&w.replay[0], 1).await;
@@ -153,7 +153,7 @@ async fn dropped_batches_leave_a_seq_gap_that_replay_fills() {
         let p: Vec<u32> = (0..40).map(|i| i + 200 * k).collect();
         complete(w.http, &p, None).await;
     }
-    let seen: Vec<u64> = drain(&mut sub, Duration::from_millis(200))
+    let seen: Vec<u64> = drain(&mut sub, Duration::from_millis(500))
         .await
         .iter()
         .map(|(s, _)| *s)
@@ -178,7 +178,7 @@ async fn a_publisher_restart_starts_the_seq_again_at_zero_keeping_or_clearing_th
     assert_eq!(complete(w.http, &p, None).await, 96);
     post(w.http, "/admin/restart", &json!({"clear_cache": true})).await;
     assert_eq!(complete(w.http, &p, None).await, 0);
-    let seqs: Vec<u64> = drain(&mut sub, Duration::from_millis(200))
+    let seqs: Vec<u64> = drain(&mut sub, Duration::from_millis(500))
         .await
         .iter()
         .map(|(s, _)| *s)
@@ -189,17 +189,23 @@ async fn a_publisher_restart_starts_the_seq_again_at_zero_keeping_or_clearing_th
 
 #[tokio::test]
 async fn dp_ranks_publish_on_consecutive_ports_and_stamp_their_rank() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut cfg = WorkerConfig::for_preset("tiny-gemma3").unwrap();
-    cfg.speedup = 1000.0;
-    cfg.data_parallel_size = 2;
-    cfg.zmq = Some(PublisherConfig::new(&format!("tcp://*:{port}")));
-    let h = kvroute_sim::start_worker("dp", cfg, ([127, 0, 0, 1], 0).into())
-        .await
-        .unwrap();
+    // Two consecutive free ports: retry where another process holds port + 1.
+    let mut started = None;
+    for _ in 0..20 {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut cfg = WorkerConfig::for_preset("tiny-gemma3").unwrap();
+        cfg.speedup = 1000.0;
+        cfg.data_parallel_size = 2;
+        cfg.zmq = Some(PublisherConfig::new(&format!("tcp://*:{port}")));
+        if let Ok(h) = kvroute_sim::start_worker("dp", cfg, ([127, 0, 0, 1], 0).into()).await {
+            started = Some((port, h));
+            break;
+        }
+    }
+    let (port, h) = started.expect("two consecutive free ports");
     assert_eq!(h.zmq.len(), 2);
     let mut subs = Vec::new();
     for r in 0..2u16 {
@@ -210,7 +216,7 @@ async fn dp_ranks_publish_on_consecutive_ports_and_stamp_their_rank() {
         complete(h.http, &p, None).await;
     }
     for (r, sub) in subs.iter_mut().enumerate() {
-        let got = drain(sub, Duration::from_millis(200)).await;
+        let got = drain(sub, Duration::from_millis(500)).await;
         assert!(!got.is_empty(), "rank {r} published nothing");
         for (_, frames) in got {
             assert_eq!(decode("dp", &frames).dp_rank, Some(r as u32));
@@ -224,7 +230,7 @@ async fn the_older_array_layout_decodes_to_the_same_stores() {
     let w = &f.workers[0];
     let mut sub = subscribe(&w.zmq[0]).await;
     complete(w.http, &(0..40).collect::<Vec<u32>>(), None).await;
-    let got = drain(&mut sub, Duration::from_millis(200)).await;
+    let got = drain(&mut sub, Duration::from_millis(500)).await;
     let events = decode("w0", &got[0].1).events;
     assert!(matches!(&events[0], Event::Stored(s) if s.hashes.len() == 2 && s.group.is_none()));
 }
