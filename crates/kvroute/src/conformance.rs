@@ -72,6 +72,8 @@ pub struct CorpusReport {
     pub failed: usize,
     /// Requests where a full-attention-only predictor would have been wrong.
     pub group_blind_wrong: usize,
+    /// Of those, how many promised more than the engine served.
+    pub group_blind_over: usize,
     pub frames: usize,
     pub dropped_events: usize,
     pub hash_check_matched: u64,
@@ -214,6 +216,9 @@ pub fn run_corpus(
         let ok = p.cached == req.num_cached_tokens;
         if req.num_cached_tokens != p.group_blind {
             report.group_blind_wrong += 1;
+            if p.group_blind > req.num_cached_tokens {
+                report.group_blind_over += 1;
+            }
         }
         if ok {
             report.passed += 1;

@@ -7,6 +7,7 @@
 
 pub mod capture;
 pub mod conformance;
+pub mod demo;
 pub mod events;
 pub mod explain;
 pub mod gateway;

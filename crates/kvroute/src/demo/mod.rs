@@ -1,0 +1,373 @@
+//! `kvroute demo`: a simulated hybrid fleet, the gateway in front, and a public trace replayed
+//! through real HTTP once per policy — the product's case on one screen.
+//!
+//! Owns: the demo's options, the per-policy run (fresh fleet and gateway each time, so no
+//! policy inherits another's cache), the open-loop replay client (streaming requests at the
+//! trace's scaled arrival times, TTFT from the first streamed chunk), the progress bar, and the
+//! outputs (table, JSON, SVG and PNG plot).
+//! Invariants: every policy sees the same requests at the same times on identical fresh
+//! fleets; engine-time figures are wall-clock times multiplied by the fleet's speed-up.
+//! Must not: tune itself to make one policy win.
+
+pub mod plot;
+pub mod report;
+pub mod trace;
+
+use crate::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+use crate::gateway::policy::PolicyKind;
+use crate::gateway::Gateway;
+use anyhow::{Context, Result};
+use futures_util::StreamExt;
+use report::{PolicyResult, Sample};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct DemoOptions {
+    pub preset: String,
+    pub workers: usize,
+    /// KV cache blocks per worker (vLLM's num_gpu_blocks_override).
+    pub blocks: usize,
+    pub trace: Option<PathBuf>,
+    /// Engine time runs this many times faster than wall time; trace arrivals are compressed
+    /// by the same factor.
+    pub speedup: f64,
+    pub tokens_per_block: usize,
+    pub sample: u64,
+    pub max_requests: usize,
+    pub max_output: u32,
+    pub policies: Vec<PolicyKind>,
+    pub json: Option<PathBuf>,
+    pub plot: PathBuf,
+    pub progress: bool,
+    pub lambda: f64,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        DemoOptions {
+            preset: "qwen3-next".into(),
+            workers: 4,
+            blocks: 300,
+            trace: None,
+            speedup: 80.0,
+            tokens_per_block: 136,
+            sample: 4,
+            max_requests: 1000,
+            max_output: 32,
+            policies: vec![
+                PolicyKind::HybridAware,
+                PolicyKind::GroupBlind,
+                PolicyKind::RoundRobin,
+                PolicyKind::LeastLoad,
+            ],
+            json: None,
+            plot: PathBuf::from("kvroute-demo"),
+            progress: true,
+            lambda: 1.0,
+        }
+    }
+}
+
+/// One simulated worker as the gateway sees it.
+pub struct FleetWorker {
+    pub name: String,
+    pub url: String,
+    pub events: String,
+    pub replay: Option<String>,
+    pub model: String,
+}
+
+async fn one_request(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    req: &trace::TraceRequest,
+    speedup: f64,
+) -> Sample {
+    let body = serde_json::json!({
+        "model": model,
+        "prompt": req.tokens,
+        "max_tokens": req.max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "ignore_eos": true,
+    });
+    let mut sample = Sample {
+        prompt_tokens: req.tokens.len() as u64,
+        ..Sample::default()
+    };
+    let start = Instant::now();
+    let resp = match client
+        .post(format!("{url}/v1/completions"))
+        .header("x-kvroute-explain", "1")
+        .json(&body)
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => r,
+        _ => return sample,
+    };
+    let decision = resp
+        .headers()
+        .get("x-kvroute-decision")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok());
+    sample.cached_predicted = decision
+        .as_ref()
+        .and_then(|v| v.get("predicted_cached").and_then(|p| p.as_u64()));
+    sample.worker = decision
+        .as_ref()
+        .and_then(|v| v.get("worker").and_then(|w| w.as_str()).map(str::to_string));
+    let mut stream = resp.bytes_stream();
+    let mut first = true;
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else { return sample };
+        if first {
+            first = false;
+            sample.ttft_ms = start.elapsed().as_secs_f64() * 1000.0 * speedup;
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    sample.cached_reported = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| crate::gateway::proxy::reported_cached(d.as_bytes()))
+        .next_back();
+    // The simulated engine reports its own TTFT (engine time, queueing included) on the last
+    // chunk; prefer it to the wall clock, which multiplies the gateway's and the simulator's
+    // CPU time by the speed-up.
+    if let Some(t) = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| {
+            v.get("sim")
+                .and_then(|s| s.get("ttft_s"))
+                .and_then(|t| t.as_f64())
+        })
+        .next_back()
+    {
+        sample.ttft_ms = t * 1000.0;
+    }
+    sample.ok = text.contains("[DONE]");
+    sample
+}
+
+/// Replays `requests` through a gateway at `url`; returns samples and the engine-time span.
+async fn replay(
+    url: &str,
+    model: &str,
+    requests: &[trace::TraceRequest],
+    speedup: f64,
+    bar: &indicatif::ProgressBar,
+) -> (Vec<Sample>, f64) {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .build()
+        .unwrap_or_default();
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(requests.len());
+    for req in requests.iter().cloned() {
+        let at = Duration::from_secs_f64(req.at_ms / 1000.0 / speedup);
+        let client = client.clone();
+        let url = url.to_string();
+        let model = model.to_string();
+        let bar = bar.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(start + at)).await;
+            let s = one_request(&client, &url, &model, &req, speedup).await;
+            bar.inc(1);
+            s
+        }));
+    }
+    let mut samples = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        samples.push(t.await.unwrap_or_default());
+    }
+    (samples, start.elapsed().as_secs_f64() * speedup)
+}
+
+/// Runs one policy on a fresh fleet and gateway.
+async fn run_policy(
+    opts: &DemoOptions,
+    policy: PolicyKind,
+    requests: &[trace::TraceRequest],
+    bar: &indicatif::ProgressBar,
+) -> Result<PolicyResult> {
+    let fleet = fleet::start(opts).await?;
+    let mut cfg = GatewayConfig {
+        listen: "127.0.0.1:0".parse()?,
+        admin_listen: "127.0.0.1:0".parse()?,
+        policy,
+        health_interval_secs: 0.5,
+        ..GatewayConfig::default()
+    };
+    cfg.weights.lambda = opts.lambda;
+    for w in &fleet.workers {
+        let mut spec = WorkerSpec::new(&w.name, &w.url, &w.model);
+        spec.kv_events = Some(KvEventsSpec {
+            endpoint: w.events.clone(),
+            replay_endpoint: w.replay.clone(),
+            topic: String::new(),
+            host: Some("127.0.0.1".into()),
+            dialect: "vllm".into(),
+        });
+        cfg.workers.push(spec);
+    }
+    let gw = Gateway::start(cfg).await?;
+    // Let the subscriptions connect before the first request.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let model = fleet
+        .workers
+        .first()
+        .map(|w| w.model.clone())
+        .unwrap_or_default();
+    let url = format!("http://{}", gw.addr);
+    bar.set_message(policy.name());
+    let (samples, engine_seconds) = replay(&url, &model, requests, opts.speedup, bar).await;
+    gw.shutdown().await;
+    fleet.stop().await;
+    Ok(report::summarize(policy.name(), &samples, engine_seconds))
+}
+
+pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
+    let (text, origin) = match &opts.trace {
+        Some(p) => (
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+            p.display().to_string(),
+        ),
+        None => (
+            trace::BUNDLED.to_string(),
+            "bundled Mooncake trace".to_string(),
+        ),
+    };
+    let lines = trace::parse(&text, &origin)?;
+    let shape = trace::Shape {
+        tokens_per_block: opts.tokens_per_block,
+        sample: opts.sample,
+        max_requests: opts.max_requests,
+        max_output: opts.max_output,
+        vocab: fleet::vocab(&opts),
+        max_prompt: fleet::max_prompt(&opts),
+    };
+    let requests = trace::requests(&lines, &shape);
+    anyhow::ensure!(!requests.is_empty(), "{origin}: no request selected");
+    let total = requests.len() as u64 * opts.policies.len() as u64;
+    let bar = if opts.progress {
+        indicatif::ProgressBar::new(total)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg:<13} [{bar:40}] {pos}/{len} requests ({elapsed})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    eprintln!(
+        "kvroute demo: {} × {} (blocks {}), {} requests from {} per policy, engine time ×{}",
+        opts.workers,
+        opts.preset,
+        if opts.blocks == 0 {
+            "preset default".to_string()
+        } else {
+            opts.blocks.to_string()
+        },
+        requests.len(),
+        origin,
+        opts.speedup
+    );
+    let requests = Arc::new(requests);
+    let mut results = Vec::new();
+    for p in &opts.policies {
+        results.push(run_policy(&opts, *p, &requests, &bar).await?);
+    }
+    bar.finish_and_clear();
+    println!("{}", report::table(&results));
+    let title = format!(
+        "kvroute demo: {} x {}, {} requests per policy",
+        opts.workers,
+        opts.preset,
+        requests.len()
+    );
+    let svg_path = opts.plot.with_extension("svg");
+    let png_path = opts.plot.with_extension("png");
+    std::fs::write(&svg_path, plot::svg(&results, &title))
+        .with_context(|| format!("writing {}", svg_path.display()))?;
+    plot::png(&results, &title, &png_path)
+        .with_context(|| format!("writing {}", png_path.display()))?;
+    println!("plot: {} and {}", svg_path.display(), png_path.display());
+    if let Some(j) = &opts.json {
+        std::fs::write(j, serde_json::to_vec_pretty(&results)?)
+            .with_context(|| format!("writing {}", j.display()))?;
+        println!("json: {}", j.display());
+    }
+    Ok(results)
+}
+
+mod fleet {
+    //! The simulated fleet the demo runs against (kvroute-sim, in process, on loopback).
+    use super::{DemoOptions, FleetWorker};
+    use anyhow::Result;
+
+    pub struct Fleet {
+        pub workers: Vec<FleetWorker>,
+        inner: kvroute_sim::Fleet,
+    }
+
+    impl Fleet {
+        pub async fn stop(self) {
+            drop(self.inner);
+        }
+    }
+
+    pub fn max_prompt(opts: &DemoOptions) -> usize {
+        kvroute_sim::preset(&opts.preset)
+            .map_or(8192, |m| m.max_model_len as usize)
+            .saturating_sub(opts.max_output as usize + 1)
+    }
+
+    /// `tcp://127.0.0.1:P` → `tcp://*:P`.
+    fn as_wildcard(endpoint: &str) -> String {
+        match endpoint
+            .strip_prefix("tcp://")
+            .and_then(|r| r.rsplit_once(':'))
+        {
+            Some((_, port)) => format!("tcp://*:{port}"),
+            None => endpoint.to_string(),
+        }
+    }
+
+    pub fn vocab(opts: &DemoOptions) -> u32 {
+        kvroute_sim::preset(&opts.preset).map_or(32_000, |m| m.vocab_size)
+    }
+
+    pub async fn start(opts: &DemoOptions) -> Result<Fleet> {
+        let mut cfg = kvroute_sim::WorkerConfig::for_preset(&opts.preset)?;
+        cfg.speedup = opts.speedup;
+        if opts.blocks > 0 {
+            cfg.engine.num_blocks = opts.blocks as u32;
+        }
+        let inner =
+            kvroute_sim::Fleet::start(kvroute_sim::FleetOptions::new(cfg, opts.workers)).await?;
+        let workers = inner
+            .workers
+            .iter()
+            .map(|h| FleetWorker {
+                name: h.name.clone(),
+                url: h.base_url.clone(),
+                // The simulated engine binds its sockets, as vLLM does for wildcard endpoints:
+                // describe them that way so the gateway connects.
+                events: h.zmq.first().map(|e| as_wildcard(e)).unwrap_or_default(),
+                replay: h.replay.first().map(|e| as_wildcard(e)),
+                model: opts.preset.clone(),
+            })
+            .collect();
+        Ok(Fleet { workers, inner })
+    }
+}

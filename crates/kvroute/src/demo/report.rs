@@ -1,0 +1,180 @@
+//! The demo's per-policy results: collected samples, the table, the JSON.
+//!
+//! Owns: `Sample` (one request's outcome), `PolicyResult` (reuse, prediction error, TTFT
+//! percentiles, throughput, counts) and its rendering.
+//! Invariants: reuse is engine-reported cached tokens over prompt tokens; prediction error is
+//! the mean absolute difference between the gateway's prediction and the engine's report.
+//! Must not: invent numbers: a policy with no completed request reports zeros and its failures.
+
+use serde::Serialize;
+
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    pub prompt_tokens: u64,
+    pub cached_reported: Option<u64>,
+    pub cached_predicted: Option<u64>,
+    /// Engine-time milliseconds to the first token.
+    pub ttft_ms: f64,
+    pub ok: bool,
+    /// The worker the gateway chose.
+    pub worker: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyResult {
+    pub policy: String,
+    pub reuse: f64,
+    /// Mean |predicted − engine-reported| cached tokens per request.
+    pub prediction_error: f64,
+    /// Share of requests predicted exactly.
+    pub prediction_exact: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub throughput_rps: f64,
+    pub requests: usize,
+    pub failed: usize,
+    /// Requests per worker (how the policy spread the load).
+    pub per_worker: std::collections::BTreeMap<String, usize>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+pub fn summarize(policy: &str, samples: &[Sample], engine_seconds: f64) -> PolicyResult {
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+    let prompt: u64 = ok.iter().map(|s| s.prompt_tokens).sum();
+    let cached: u64 = ok.iter().filter_map(|s| s.cached_reported).sum();
+    let pairs: Vec<(u64, u64)> = ok
+        .iter()
+        .filter_map(|s| Some((s.cached_predicted?, s.cached_reported?)))
+        .collect();
+    let err = if pairs.is_empty() {
+        0.0
+    } else {
+        pairs
+            .iter()
+            .map(|(p, r)| p.abs_diff(*r) as f64)
+            .sum::<f64>()
+            / pairs.len() as f64
+    };
+    let exact = if pairs.is_empty() {
+        0.0
+    } else {
+        pairs.iter().filter(|(p, r)| p == r).count() as f64 / pairs.len() as f64
+    };
+    let mut ttft: Vec<f64> = ok.iter().map(|s| s.ttft_ms).collect();
+    ttft.sort_by(f64::total_cmp);
+    PolicyResult {
+        policy: policy.to_string(),
+        reuse: if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        },
+        prediction_error: err,
+        prediction_exact: exact,
+        ttft_p50_ms: percentile(&ttft, 50.0),
+        ttft_p99_ms: percentile(&ttft, 99.0),
+        throughput_rps: if engine_seconds > 0.0 {
+            ok.len() as f64 / engine_seconds
+        } else {
+            0.0
+        },
+        requests: samples.len(),
+        failed: samples.len() - ok.len(),
+        per_worker: samples.iter().filter_map(|s| s.worker.clone()).fold(
+            Default::default(),
+            |mut m, w| {
+                *m.entry(w).or_insert(0) += 1;
+                m
+            },
+        ),
+    }
+}
+
+pub fn table(results: &[PolicyResult]) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{:<14} {:>8} {:>12} {:>8} {:>11} {:>11} {:>10} {:>8} {:>6}\n",
+        "policy",
+        "reuse",
+        "pred.err",
+        "exact",
+        "ttft p50",
+        "ttft p99",
+        "req/s",
+        "requests",
+        "failed"
+    ));
+    for r in results {
+        s.push_str(&format!(
+            "{:<14} {:>7.1}% {:>8.1} tok {:>7.1}% {:>8.1} ms {:>8.1} ms {:>10.2} {:>8} {:>6}\n",
+            r.policy,
+            r.reuse * 100.0,
+            r.prediction_error,
+            r.prediction_exact * 100.0,
+            r.ttft_p50_ms,
+            r.ttft_p99_ms,
+            r.throughput_rps,
+            r.requests,
+            r.failed
+        ));
+    }
+    for r in results {
+        let spread: Vec<String> = r
+            .per_worker
+            .iter()
+            .map(|(w, n)| format!("{w} {n}"))
+            .collect();
+        s.push_str(&format!(
+            "{:<14} requests per worker: {}\n",
+            r.policy,
+            spread.join(", ")
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_counts_reuse_error_and_failures() {
+        let s = vec![
+            Sample {
+                prompt_tokens: 100,
+                cached_reported: Some(50),
+                cached_predicted: Some(50),
+                ttft_ms: 10.0,
+                ok: true,
+                worker: Some("a".into()),
+            },
+            Sample {
+                prompt_tokens: 100,
+                cached_reported: Some(0),
+                cached_predicted: Some(64),
+                ttft_ms: 30.0,
+                ok: true,
+                worker: Some("b".into()),
+            },
+            Sample {
+                ok: false,
+                ..Sample::default()
+            },
+        ];
+        let r = summarize("p", &s, 2.0);
+        assert!((r.reuse - 0.25).abs() < 1e-9);
+        assert!((r.prediction_error - 32.0).abs() < 1e-9);
+        assert!((r.prediction_exact - 0.5).abs() < 1e-9);
+        assert_eq!((r.requests, r.failed), (3, 1));
+        assert_eq!(r.ttft_p50_ms, 30.0);
+        assert!((r.throughput_rps - 1.0).abs() < 1e-9);
+        assert_eq!(r.per_worker.get("a"), Some(&1));
+    }
+}
