@@ -229,6 +229,7 @@ impl RankState {
         }
         let content_mode = self.config.hash == HashMode::ContentKey;
         let g = self.groups.entry(group).or_default();
+        let (mut removed, mut unknown) = (0u64, 0u64);
         for h in &ev.hashes {
             let key = if content_mode {
                 match g.content.get_mut(&h.value.0) {
@@ -246,9 +247,14 @@ impl RankState {
                 Some(h.value.0)
             };
             match key {
-                Some(k) if g.holder.remove(k) => counters.add(Counter::BlocksRemoved, 1),
-                _ => counters.add(Counter::RemovedUnknownHash, 1),
+                Some(k) if g.holder.remove(k) => removed += 1,
+                _ => unknown += 1,
             }
+        }
+        // One atomic add per event, not per block.
+        counters.add(Counter::BlocksRemoved, removed);
+        if unknown > 0 {
+            counters.add(Counter::RemovedUnknownHash, unknown);
         }
     }
 

@@ -6,7 +6,7 @@ use common::{chain, group_blocks, remove, store, tokens};
 use kvroute_index::reference::Reference;
 use kvroute_index::{Detail, Index, Query};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::thread;
 
 const PROMPTS: u32 = 40;
@@ -40,15 +40,20 @@ fn predictions_never_see_a_torn_event_and_the_final_state_equals_the_reference()
         streams.push(evs);
     }
     let done = Arc::new(AtomicBool::new(false));
+    // Every thread starts together, so writers cannot finish before a reader has begun; a
+    // reader also goes on until it has seen a prediction.
+    let start = Arc::new(Barrier::new(2 + streams.len()));
     let readers: Vec<_> = (0..2)
         .map(|r| {
             let index = index.clone();
             let done = done.clone();
+            let start = start.clone();
             let prompts = prompts.clone();
             thread::spawn(move || {
                 let mut seen = 0u64;
                 let mut i = r;
-                while !done.load(Ordering::Relaxed) {
+                start.wait();
+                while !done.load(Ordering::Relaxed) || seen == 0 {
                     let q = Query {
                         tokens: prompts[i % prompts.len()].clone(),
                         ..Query::default()
@@ -85,7 +90,9 @@ fn predictions_never_see_a_torn_event_and_the_final_state_equals_the_reference()
         .into_iter()
         .map(|evs| {
             let index = index.clone();
+            let start = start.clone();
             thread::spawn(move || {
+                start.wait();
                 for ev in &evs {
                     index.apply(ev);
                 }
