@@ -261,7 +261,7 @@ mod hex {
         v.iter().map(|b| format!("{b:02x}")).collect()
     }
     pub fn decode(s: &str) -> Option<Vec<u8>> {
-        if s.len() % 2 != 0 {
+        if !s.len().is_multiple_of(2) {
             return None;
         }
         (0..s.len())

@@ -356,9 +356,9 @@ mod tests {
             let key = match x % 50 {
                 0 => 0,
                 1 => u64::MAX,
-                _ => (x % 97) << 58 | (x >> 40) % 3,
+                _ => ((x % 97) << 58) | ((x >> 40) % 3),
             };
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(fast.remove(key), want.remove(&key), "step {step}");
             } else {
                 assert_eq!(fast.insert(key), want.insert(key), "step {step}");

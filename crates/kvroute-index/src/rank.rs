@@ -262,8 +262,9 @@ impl RankState {
     fn store_content(&mut self, group: u32, ev: &Stored, counters: &Counters) {
         let h = self.params().map_or(ev.block_size, |p| p.hash_block).max(1) as usize;
         let b = ev.block_size as usize;
-        let dense =
-            !ev.hashes.is_empty() && ev.hashes.len() * b == ev.token_ids.len() && b % h == 0;
+        let dense = !ev.hashes.is_empty()
+            && ev.hashes.len() * b == ev.token_ids.len()
+            && b.is_multiple_of(h);
         let parent_key = match &ev.parent {
             None => Some(None),
             Some(p) => self.lookup_content(group, p.value.0).map(Some),

@@ -294,7 +294,7 @@ impl Ctx<'_> {
             }
         }
         if !self.p.fine_grained {
-            while computed > 0 && (computed as u64 * b) % self.align() != 0 {
+            while computed > 0 && !(computed as u64 * b).is_multiple_of(self.align()) {
                 computed -= 1;
             }
             return computed as u64 * b;
@@ -324,7 +324,7 @@ impl Ctx<'_> {
         let mut i = max_num_blocks - 1;
         while i >= 0 {
             if self.block_cached(spec, groups, i as usize) {
-                if num_contiguous == 0 && b != a && ((i as u64 + 1) * b) % a != 0 {
+                if num_contiguous == 0 && b != a && !((i as u64 + 1) * b).is_multiple_of(a) {
                     i -= 1;
                     continue;
                 }
@@ -338,7 +338,7 @@ impl Ctx<'_> {
             i -= 1;
         }
         let mut blocks = num_contiguous;
-        while b != a && (blocks * b) % a != 0 {
+        while b != a && !(blocks * b).is_multiple_of(a) {
             blocks -= 1;
         }
         blocks * b
@@ -375,7 +375,7 @@ impl Ctx<'_> {
         let mut i = max_num - 1;
         while i >= 0 {
             if self.cached(groups, (i as usize + 1) * k - 1) {
-                if unit != a && ((i as u64 + 1) * unit) % a != 0 {
+                if unit != a && !((i as u64 + 1) * unit).is_multiple_of(a) {
                     i -= 1;
                     continue;
                 }

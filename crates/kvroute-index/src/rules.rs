@@ -168,7 +168,7 @@ fn make_view<'a>(
 ) -> Option<View<'a>> {
     let h = p.hash_block.max(1) as u64;
     let b = spec.block_size as u64;
-    if b == 0 || b % h != 0 {
+    if b == 0 || !b.is_multiple_of(h) {
         return None;
     }
     Some(View {
@@ -216,19 +216,22 @@ impl Scratch<'_, '_> {
         let mut l = l0;
         loop {
             let before = l;
-            for i in 0..self.lookups.len() {
-                let spec = self.lookups[i].spec;
+            let (lookups, views) = (self.lookups, self.views);
+            for (i, ((lk, view), first)) in
+                lookups.iter().zip(views).zip(firsts.iter_mut()).enumerate()
+            {
+                let spec = lk.spec;
                 let full = spec.rule() == Rule::FullAttention;
                 if full_only && !full {
                     continue;
                 }
-                let Some(v) = self.views[i] else {
+                let Some(v) = *view else {
                     return 0;
                 };
                 l = if full {
-                    let f = match firsts[i] {
+                    let f = match *first {
                         Some(f) => f,
-                        None => *firsts[i].insert(self.full(i, &v, l)),
+                        None => *first.insert(self.full(i, &v, l)),
                     };
                     f.min(l)
                 } else {

@@ -86,7 +86,7 @@ impl Pickler {
         // CPython checks the frame at the start of every save, before the object's opcodes.
         self.opcode_boundary();
         match v {
-            PyValue::None => self.write(&[b'N']),
+            PyValue::None => self.write(b"N"),
             PyValue::Int(i) => self.save_int(*i),
             PyValue::Bytes(b) => {
                 if b.len() < 256 {
@@ -122,7 +122,7 @@ impl Pickler {
                 self.memoize(Some(s));
             }
             PyValue::Tuple(items) => match items.len() {
-                0 => self.write(&[b')']),
+                0 => self.write(b")"),
                 n @ 1..=3 => {
                     for it in items {
                         self.save(it);
@@ -131,11 +131,11 @@ impl Pickler {
                     self.memoize(None);
                 }
                 _ => {
-                    self.write(&[b'(']);
+                    self.write(b"(");
                     for it in items {
                         self.save(it);
                     }
-                    self.write(&[b't']);
+                    self.write(b"t");
                     self.memoize(None);
                 }
             },
