@@ -140,6 +140,7 @@ pub async fn explain(State(st): State<Arc<AppState>>, Json(b): Json<ExplainBody>
         st.policy(),
         &st.config.weights,
         0,
+        true,
     );
     Json(json!({"predictions": predictions, "decision": ranked.decision})).into_response()
 }

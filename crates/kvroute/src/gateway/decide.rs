@@ -10,9 +10,11 @@
 use super::config::PolicyWeights;
 use super::policy::{rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
+use kvroute_index::index::Detail;
 use kvroute_index::rules::GroupEvidence;
 use kvroute_index::{BlockExtras, Query};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 #[derive(Clone, Debug, Serialize)]
@@ -21,7 +23,7 @@ pub struct Decision {
     pub worker: String,
     pub prompt_tokens: usize,
     pub predicted_cached: u64,
-    /// Each group of the chosen worker's best rank, alone.
+    /// Each group of the chosen worker's best rank, alone (when evidence was asked for).
     pub groups: Vec<GroupEvidence>,
     pub candidates: Vec<Candidate>,
     pub decision_us: u64,
@@ -40,7 +42,9 @@ pub fn candidates_for(registry: &Registry, model: &str) -> Vec<Arc<Worker>> {
         .collect()
 }
 
-/// Ranks `workers` for a request.
+/// Ranks `workers` for a request. The request is hashed once; per-group evidence is computed
+/// (for the chosen worker only) when `evidence` is set.
+#[allow(clippy::too_many_arguments)]
 pub fn decide(
     registry: &Registry,
     workers: &[Arc<Worker>],
@@ -50,6 +54,7 @@ pub fn decide(
     policy: PolicyKind,
     weights: &PolicyWeights,
     rr: u64,
+    evidence: bool,
 ) -> Ranked {
     let start = std::time::Instant::now();
     let q = Query {
@@ -61,43 +66,53 @@ pub fn decide(
         skip_prefix_cache,
     };
     let n = tokens.len() as u64;
-    let mut evidence: Vec<(String, Vec<GroupEvidence>)> = Vec::new();
-    let mut cands = Vec::with_capacity(workers.len());
-    for w in workers {
-        let mut best = (0u64, Vec::new());
-        if policy.uses_cache() {
-            for rank in 0..w.spec.dp_size {
-                let p = registry.index.predict(&w.id, rank, &q);
-                let v = if policy == PolicyKind::GroupBlind {
-                    p.group_blind.min(n.saturating_sub(1))
-                } else {
-                    p.cached
-                };
-                if v > best.0 || best.1.is_empty() {
-                    best = (v, p.groups);
+    // Best rank per worker: (predicted, rank).
+    let mut best: HashMap<&str, (u64, u32)> = HashMap::new();
+    if policy.uses_cache() {
+        for p in registry.index.predict_all_detail(&q, Detail::Cached) {
+            let v = if policy == PolicyKind::GroupBlind {
+                p.group_blind.min(n.saturating_sub(1))
+            } else {
+                p.cached
+            };
+            if let Some(w) = workers.iter().find(|w| w.id == p.worker) {
+                let e = best.entry(w.spec.name.as_str()).or_insert((v, p.dp_rank));
+                if v > e.0 {
+                    *e = (v, p.dp_rank);
                 }
             }
         }
-        evidence.push((w.spec.name.clone(), best.1));
-        cands.push(Candidate {
-            worker: w.spec.name.clone(),
-            predicted_cached: best.0,
-            uncached: n - best.0.min(n),
-            load: w.load_tokens(weights.tokens_per_request),
-            cost: 0.0,
-        });
     }
+    let cands: Vec<Candidate> = workers
+        .iter()
+        .map(|w| {
+            let cached = best.get(w.spec.name.as_str()).map_or(0, |b| b.0);
+            Candidate {
+                worker: w.spec.name.clone(),
+                predicted_cached: cached,
+                uncached: n - cached.min(n),
+                load: w.load_tokens(weights.tokens_per_request),
+                cost: 0.0,
+            }
+        })
+        .collect();
     let ranked = rank(policy, cands, weights.lambda, rr);
     let order: Vec<Arc<Worker>> = ranked
         .iter()
         .filter_map(|c| workers.iter().find(|w| w.spec.name == c.worker).cloned())
         .collect();
+    let decision_us = start.elapsed().as_micros() as u64;
     let first = ranked.first().cloned();
-    let groups = first
-        .as_ref()
-        .and_then(|c| evidence.iter().find(|(w, _)| *w == c.worker))
-        .map(|(_, g)| g.clone())
-        .unwrap_or_default();
+    let groups = match (&first, evidence && policy.uses_cache()) {
+        (Some(c), true) => order
+            .first()
+            .map(|w| {
+                let rank = best.get(c.worker.as_str()).map_or(0, |b| b.1);
+                registry.index.predict(&w.id, rank, &q).groups
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
     Ranked {
         order,
         decision: Decision {
@@ -107,7 +122,7 @@ pub fn decide(
             predicted_cached: first.as_ref().map_or(0, |c| c.predicted_cached),
             groups,
             candidates: ranked,
-            decision_us: start.elapsed().as_micros() as u64,
+            decision_us,
         },
     }
 }

@@ -143,6 +143,10 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
     }
     let policy = st.policy();
     let rr = st.rr.fetch_add(1, Ordering::Relaxed);
+    let explain = st.config.explain_always
+        || headers
+            .get("x-kvroute-explain")
+            .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
     let ranked = decide(
         &st.registry,
         &workers,
@@ -152,15 +156,12 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         policy,
         &st.config.weights,
         rr,
+        explain,
     );
     st.metrics
         .decision_seconds
         .with_label_values(&[policy.name()])
         .observe(ranked.decision.decision_us as f64 / 1e6);
-    let explain = st.config.explain_always
-        || headers
-            .get("x-kvroute-explain")
-            .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
 
     let mut last_err = String::new();
     for (attempt, worker) in ranked.order.iter().take(2).enumerate() {

@@ -1,0 +1,129 @@
+//! Routing decision time: p50/p99 per decision (request hashing included) for 64 workers and
+//! 8k-token prompts, under each cache policy. Not a pass/fail test; figures go to
+//! docs/benchmarks.md with this command:
+//!
+//! ```sh
+//! cargo bench -p kvroute --bench decision
+//! ```
+
+use kvroute::gateway::config::{PolicyWeights, WorkerSpec};
+use kvroute::gateway::decide::decide;
+use kvroute::gateway::policy::PolicyKind;
+use kvroute::gateway::registry::Registry;
+use kvroute_index::event::{CacheKind, EngineHash, Event, Stored};
+use kvroute_index::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
+use kvroute_index::{BlockExtras, Index};
+use std::sync::Arc;
+use std::time::Instant;
+
+const WORKERS: usize = 64;
+const TOKENS: usize = 8192;
+const BLOCK: usize = 16;
+
+fn tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 150_000) as u32
+        })
+        .collect()
+}
+
+fn store(worker: &str, group: u32, kind: CacheKind, window: Option<u32>, hashes: &[u64]) -> Event {
+    Event::Stored(Stored {
+        worker: worker.into(),
+        dp_rank: 0,
+        medium: None,
+        group: Some(group),
+        kind: Some(kind),
+        sliding_window: window,
+        block_size: BLOCK as u32,
+        parent: None,
+        hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
+        token_ids: Vec::new(),
+        extra_keys: None,
+        lora_id: None,
+        lora_name: None,
+    })
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _guard = rt.enter();
+    let index = Arc::new(Index::new());
+    let registry = Registry::new(index.clone());
+    let hasher = BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED);
+    // Every worker holds an 8k prompt: a 2k system prompt shared by 8 workers, then its own.
+    let mut prompts = Vec::new();
+    for w in 0..WORKERS {
+        let name = format!("w{w:02}");
+        registry
+            .add(WorkerSpec::new(&name, "http://127.0.0.1:9", "m"))
+            .expect("add");
+        let mut p = tokens(1000 + (w / 8) as u64, 2048);
+        p.extend(tokens(w as u64, TOKENS - 2048));
+        let chain: Vec<u64> = hasher
+            .chain(&p, BLOCK, &BlockExtras::default())
+            .iter()
+            .map(|d| external(d).0)
+            .collect();
+        index.apply(&store(&name, 1, CacheKind::FullAttention, None, &chain));
+        let tail = chain.len() - 8..chain.len();
+        index.apply(&store(
+            &name,
+            0,
+            CacheKind::SlidingWindow,
+            Some(128),
+            &chain[tail],
+        ));
+        prompts.push(p);
+    }
+    let workers = registry.all();
+    let weights = PolicyWeights::default();
+    println!("decision time, {WORKERS} workers, {TOKENS}-token prompts, block {BLOCK} (full + sliding window 128):");
+    for policy in [
+        PolicyKind::HybridAware,
+        PolicyKind::GroupBlind,
+        PolicyKind::LeastLoad,
+    ] {
+        let mut times = Vec::new();
+        for i in 0..400 {
+            let mut req = prompts[i % WORKERS].clone();
+            req.extend(tokens(i as u64 + 77, 64));
+            let t = Instant::now();
+            let r = decide(
+                &registry, &workers, &req, None, false, policy, &weights, i as u64, false,
+            );
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+            assert!(!r.order.is_empty());
+        }
+        times.sort_by(f64::total_cmp);
+        let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+        println!(
+            "  {:<13} p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs",
+            policy.name(),
+            p(0.5),
+            p(0.99),
+            p(1.0)
+        );
+    }
+    // Hashing alone, for context.
+    let mut times = Vec::new();
+    for i in 0..100 {
+        let t = Instant::now();
+        let c = hasher.chain(&prompts[i % WORKERS], BLOCK, &BlockExtras::default());
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(c.len(), TOKENS / BLOCK);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "  sha256 chain of one 8k prompt alone: p50 {:.1} µs",
+        times[times.len() / 2]
+    );
+}
