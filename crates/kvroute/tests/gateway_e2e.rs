@@ -193,6 +193,38 @@ async fn streams_pass_through_and_text_prompts_tokenize_like_the_worker() {
     assert!(cached(&b) > 0);
     assert_eq!(b.decision["predicted_cached"].as_u64().unwrap(), cached(&b));
 
+    // Chat: the gateway's tokens are the worker's rendering of the same messages.
+    let msgs = json!([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"}]);
+    let r = client
+        .post(format!("http://{}/v1/chat/completions", gw.addr))
+        .json(&json!({"model": PRESET, "messages": msgs, "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    let decision: Value = serde_json::from_str(
+        r.headers()
+            .get("x-kvroute-decision")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let chat: Value = r.json().await.unwrap();
+    let tok: Value = client
+        .post(format!("{worker_url}/tokenize"))
+        .json(&json!({"messages": msgs, "add_generation_prompt": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        decision["prompt_tokens"],
+        json!(tok["tokens"].as_array().unwrap().len())
+    );
+    assert_eq!(chat["usage"]["prompt_tokens"], decision["prompt_tokens"]);
+
     // Streaming chat: chunks arrive one by one (SSE), the last carries usage.
     let msgs = json!([{"role": "system", "content": "Be brief. ".repeat(40)}, {"role": "user", "content": "Hello"}]);
     let r = client

@@ -247,6 +247,43 @@ async fn remote(
 mod tests {
     use super::*;
 
+    const TOKENIZER: &str = r#"{"version": "1.0", "truncation": null, "padding": null,
+      "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+      "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+      "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
+      "decoder": null,
+      "model": {"type": "WordLevel", "vocab": {"<s>": 0, "<unk>": 1, "hello": 2, "world": 3, "<": 4, "|": 5, ">": 6, "user": 7, "assistant": 8, "system": 9, "be": 10, "brief": 11, ".": 12, "im_start": 13, "im_end": 14}, "unk_token": "<unk>"}}"#;
+
+    const CONFIG: &str = r#"{"bos_token": "<s>", "eos_token": {"content": "</s>"},
+      "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'].strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"}"#;
+
+    #[test]
+    fn a_model_directory_tokenizes_text_and_renders_its_chat_template() {
+        let dir = std::env::temp_dir().join(format!("kvroute-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), TOKENIZER).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), CONFIG).unwrap();
+        let t = LocalTokenizer::load(&dir).unwrap();
+        // Completions add the special tokens (BOS here).
+        assert_eq!(t.encode("hello world", true).unwrap(), vec![0, 2, 3]);
+        let msgs = json!([{"role": "system", "content": " be brief. "}, {"role": "user", "content": "hello"}]);
+        let text = t.render_chat(&msgs).unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>system be brief.<|im_end|>\n<|im_start|>user hello<|im_end|>\n<|im_start|>assistant"
+        );
+        // Chat adds none: the template carries them.
+        // Whitespace pre-tokenization: word runs and punctuation runs (`<|`, `|>`, `.<|` are
+        // out of this toy vocabulary: 1 = <unk>).
+        let ids = t.encode(&text, false).unwrap();
+        assert_eq!(
+            ids,
+            vec![1, 13, 1, 9, 10, 11, 1, 14, 1, 1, 13, 1, 7, 2, 1, 14, 1, 1, 13, 1, 8]
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     #[test]
     fn prompts_are_token_lists_text_or_one_of_either() {
         assert_eq!(
