@@ -84,7 +84,7 @@ pub async fn drain(
     Path(name): Path<String>,
     body: Option<Json<DrainBody>>,
 ) -> Response {
-    let drain = body.map_or(true, |b| b.drain);
+    let drain = body.is_none_or(|b| b.drain);
     match st.registry.drain(&name, drain) {
         Ok(()) => Json(json!({"worker": name, "draining": drain})).into_response(),
         Err(e) => registry_error(e),

@@ -38,7 +38,7 @@ pub fn prompt_input(body: &Value, chat: bool) -> Result<PromptInput, TokenizeErr
         let msgs = body
             .get("messages")
             .ok_or_else(|| TokenizeError::Invalid("`messages` is required".into()))?;
-        if !msgs.as_array().is_some_and(|a| !a.is_empty()) {
+        if msgs.as_array().is_none_or(|a| a.is_empty()) {
             return Err(TokenizeError::Invalid(
                 "`messages` must be a non-empty array".into(),
             ));
