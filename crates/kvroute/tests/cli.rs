@@ -137,3 +137,64 @@ fn an_unreadable_corpus_is_a_clear_error_naming_the_file_and_line() {
     assert!(err.contains("frames.jsonl:2"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_small_demo_prints_the_table_and_writes_json_and_both_plots() {
+    let dir = std::env::temp_dir().join(format!("kvroute-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("demo.json");
+    let plot = dir.join("plot");
+    let out = kvroute(&[
+        "demo",
+        "--preset",
+        "tiny-qwen3-next",
+        "--tokens-per-block",
+        "16",
+        "--max-requests",
+        "24",
+        "--blocks",
+        "200",
+        "--speed",
+        "200",
+        "--quiet",
+        "--json",
+        &json.display().to_string(),
+        "--plot",
+        &plot.display().to_string(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in ["hybrid-aware", "group-blind", "round-robin", "least-load"] {
+        assert!(stdout.contains(p), "{stdout}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        for k in [
+            "reuse",
+            "prediction_error",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "throughput_rps",
+            "requests",
+            "failed",
+        ] {
+            assert!(r.get(k).is_some(), "{k} missing in {r}");
+        }
+        assert_eq!(r["requests"], 24);
+        assert_eq!(r["failed"], 0, "{r}");
+    }
+    assert!(std::fs::read_to_string(dir.join("plot.svg"))
+        .unwrap()
+        .starts_with("<svg"));
+    assert_eq!(
+        &std::fs::read(dir.join("plot.png")).unwrap()[..4],
+        b"\x89PNG"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -459,3 +459,94 @@ print("ok")
     );
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_asks_a_running_gateway_for_every_workers_prediction() {
+    let f = fleet(2).await;
+    let gw = gateway(f.workers.iter().map(spec).collect()).await;
+    let p = prompt(7, 200);
+    let r = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 2})).await;
+    assert_eq!(r.status, 200);
+    settle().await;
+    let toks: Vec<String> = p.iter().map(u32::to_string).collect();
+    let admin = format!("http://{}", gw.admin_addr);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["explain", "--gateway", &admin, "--tokens", &toks.join(",")])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let preds = v["predictions"].as_array().unwrap();
+    assert_eq!(preds.len(), 2);
+    let warm = preds
+        .iter()
+        .find(|p| p["worker"] == r.decision["worker"])
+        .unwrap();
+    assert_eq!(warm["cached"], 192);
+    assert!(
+        !warm["groups"].as_array().unwrap().is_empty(),
+        "per-group evidence"
+    );
+    assert_eq!(v["decision"]["worker"], r.decision["worker"]);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_capture_records_a_live_stream_that_decodes_back() {
+    let f = fleet(1).await;
+    let h = &f.workers[0];
+    let out = std::env::temp_dir().join(format!("kvroute-capture-{}.jsonl", std::process::id()));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args([
+            "events",
+            "capture",
+            "--endpoint",
+            &h.zmq[0],
+            "--replay",
+            &h.replay[0],
+            "--worker",
+            "w0",
+            "--seconds",
+            "3",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let client = reqwest::Client::new();
+    for i in 0..4u32 {
+        let r = client
+            .post(format!("{}/v1/completions", h.base_url))
+            .json(&json!({"model": PRESET, "prompt": prompt(i, 100), "max_tokens": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success());
+    let decoded = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["events", "decode"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let events = String::from_utf8_lossy(&decoded.stdout);
+    let stored = events.lines().filter(|l| l.contains("\"Stored\"")).count();
+    assert!(
+        stored >= 4 * 4,
+        "4 requests × 4 groups: {stored} stores\n{}",
+        String::from_utf8_lossy(&decoded.stderr)
+    );
+    let _ = std::fs::remove_file(out);
+}
