@@ -36,7 +36,7 @@ def fmt(ns):
 
 def main():
     est = load()
-    ops = ["store", "store-warm", "remove", "predict", "predict-hashing"]
+    ops = ["store", "store-warm", "remove", "predict", "predict-evidence", "predict-hashing"]
     whos = ["kvroute-1g", "kvroute-2g", "kvroute-4g", "chain-1g", "dynamo-1g"]
     print("| op | block | index | per iteration | per block | chain / kvroute-1g | dynamo / kvroute-1g | kvroute Ng / 1g |")
     print("|---|---|---|---|---|---|---|---|")
