@@ -121,12 +121,11 @@ impl BlockHasher {
         extra: PyValue,
     ) -> Digest {
         let parent = parent.unwrap_or(&self.none_hash);
-        let obj = PyValue::Tuple(vec![
-            PyValue::Bytes(parent.to_vec()),
-            PyValue::Tuple(tokens.iter().map(|t| PyValue::Int(*t as i128)).collect()),
-            extra,
-        ]);
-        digest_of(self.algo, &obj)
+        let bytes = match self.algo {
+            HashAlgo::Sha256 => pickle::dumps_block(parent, tokens, &extra),
+            HashAlgo::Sha256Cbor => cbor::dumps_block(parent, tokens, &extra),
+        };
+        Sha256::digest(&bytes).into()
     }
 
     /// The digest of hash block `block_index` of a request.
