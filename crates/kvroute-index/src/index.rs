@@ -132,7 +132,9 @@ impl<'q> Chains<'q> {
         {
             Some(at) => at,
             None => {
-                let toks = &query.tokens[..query.tokens.len().saturating_sub(1)];
+                // Every full hash block of the request, as vLLM's `request.block_hashes`; the
+                // rules never look past `n − 1` except EAGLE's one-unit margin.
+                let toks = &query.tokens[..];
                 let chain = match mode {
                     HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
                         .chain(toks, h as usize, &query.extras)

@@ -95,6 +95,10 @@ pub struct LookupConfig {
     pub hash_block_size: Option<u32>,
     /// Chunk size of chunked local attention groups (e.g. 8192 for Llama 4).
     pub chunk_size: Option<u32>,
+    /// Speculative decoding (EAGLE/MTP) is on: every group is an EAGLE group and drops its last
+    /// matched unit, as vLLM's coordinator does.
+    #[serde(default)]
+    pub eagle: bool,
 }
 
 /// The lookup parameters of one (worker, rank), derived like vLLM's coordinator does.
@@ -104,6 +108,8 @@ pub struct Params {
     pub align: u32,
     pub fine_grained: bool,
     pub unitary: bool,
+    /// EAGLE/MTP drop (from `LookupConfig::eagle`).
+    pub eagle: bool,
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -172,6 +178,7 @@ impl Layout {
             align: u32::try_from(align).ok()?,
             fine_grained,
             unitary,
+            eagle: cfg.eagle,
         })
     }
 
@@ -237,6 +244,7 @@ mod tests {
         let cfg = LookupConfig {
             hash_block_size: Some(16),
             chunk_size: None,
+            eagle: false,
         };
         let p = l.params(&cfg).unwrap();
         assert_eq!((p.hash_block, p.align, p.fine_grained), (16, 16, true));

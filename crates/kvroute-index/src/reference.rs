@@ -145,11 +145,7 @@ impl Reference {
         }
         let max_len = q.tokens.len() as u64 - 1;
         let hashes: Vec<u64> = BlockHasher::new(*algo, seed)
-            .chain(
-                &q.tokens[..max_len as usize],
-                p.hash_block as usize,
-                &q.extras,
-            )
+            .chain(&q.tokens, p.hash_block as usize, &q.extras)
             .iter()
             .map(|d| hash::external(d).0)
             .collect();
@@ -160,12 +156,25 @@ impl Reference {
             chunk: cfg.lookup.chunk_size,
         };
         let lookups = ctx.lookups(false);
+        let full_only = ctx.lookups(true);
+        if p.eagle {
+            let cached = if q.skip_prefix_cache {
+                0
+            } else {
+                ctx.coordinate_eagle(&lookups, max_len)
+            };
+            let blind = if full_only.is_empty() {
+                0
+            } else {
+                ctx.coordinate_eagle(&full_only, max_len)
+            };
+            return (cached, blind);
+        }
         let cached = if q.skip_prefix_cache {
             0
         } else {
             ctx.coordinate(&lookups, max_len)
         };
-        let full_only = ctx.lookups(true);
         let blind = if full_only.is_empty() {
             match ctx.lookups(false).first() {
                 Some((spec, ids)) => {
@@ -276,6 +285,176 @@ impl Ctx<'_> {
                 return hit_length;
             }
         }
+    }
+
+    /// HybridKVCacheCoordinator.find_longest_cache_hit with every group an EAGLE group
+    /// (UnitaryKVCacheCoordinator for one group).
+    fn coordinate_eagle(&self, lookups: &[(GroupSpec, Vec<u32>)], max_len: u64) -> u64 {
+        for (spec, _) in lookups {
+            if spec.block_size % self.p.hash_block != 0 {
+                return 0;
+            }
+        }
+        if self.p.unitary {
+            return match lookups.first() {
+                Some((spec, groups)) => self.find_eagle(spec, groups, max_len, true),
+                None => 0,
+            };
+        }
+        let hash_block = self.p.hash_block as u64;
+        let mut hit_length = max_len;
+        let mut hit_length_by_lookup: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut eagle_verified: Vec<usize> = Vec::new();
+        let is_simple_hybrid = lookups.len() == 2 && lookups[0].0.rule() == Rule::FullAttention;
+        loop {
+            let mut curr_hit_length = hit_length;
+            for (idx, (spec, groups)) in lookups.iter().enumerate() {
+                if spec.rule() == Rule::FullAttention {
+                    if let Some(h) = hit_length_by_lookup.get(&idx) {
+                        curr_hit_length = curr_hit_length.min(*h);
+                        continue;
+                    }
+                }
+                let drop_eagle_block = !eagle_verified.contains(&idx);
+                let mut max_length = curr_hit_length;
+                if drop_eagle_block
+                    && spec.rule() != Rule::Mamba
+                    && spec.rule() != Rule::ChunkedLocal
+                {
+                    let block_size = spec.block_size as u64;
+                    let fine_lookup = self.p.fine_grained && spec.rule() == Rule::FullAttention;
+                    let margin = if fine_lookup && block_size > hash_block {
+                        hash_block
+                    } else {
+                        block_size
+                    };
+                    max_length =
+                        (curr_hit_length + margin).min(self.hashes.len() as u64 * hash_block);
+                }
+                let drop = drop_eagle_block && spec.rule() != Rule::ChunkedLocal;
+                let new_hit_length = self.find_eagle(spec, groups, max_length, drop);
+                if drop_eagle_block {
+                    eagle_verified.push(idx);
+                } else if new_hit_length < curr_hit_length {
+                    eagle_verified.clear();
+                }
+                curr_hit_length = new_hit_length;
+                hit_length_by_lookup.insert(idx, new_hit_length);
+            }
+            if curr_hit_length >= hit_length {
+                break;
+            }
+            hit_length = curr_hit_length;
+            if is_simple_hybrid {
+                break;
+            }
+        }
+        hit_length
+    }
+
+    fn find_eagle(&self, spec: &GroupSpec, groups: &[u32], max_length: u64, drop: bool) -> u64 {
+        match spec.rule() {
+            Rule::FullAttention => self.full_eagle(spec, groups, max_length, drop),
+            Rule::SlidingWindow => self.sliding_window_eagle(spec, groups, max_length, drop),
+            Rule::ChunkedLocal => self.chunked_local(spec, groups, max_length),
+            Rule::Mamba => self.mamba(spec, groups, max_length),
+            Rule::NotCacheable => max_length,
+        }
+    }
+
+    /// FullAttentionManager.find_longest_cache_hit (phase 1, phase 2, the EAGLE drop).
+    fn full_eagle(&self, spec: &GroupSpec, groups: &[u32], max_length: u64, drop: bool) -> u64 {
+        let block_size = spec.block_size as u64;
+        let alignment_tokens = self.align();
+        let mut num_blocks = 0u64;
+        for i in 0..(max_length / block_size) as usize {
+            if !self.block_cached(spec, groups, i) {
+                break;
+            }
+            num_blocks += 1;
+        }
+        let mut hit_length = num_blocks * block_size;
+        let fine_grained =
+            alignment_tokens < block_size && block_size.is_multiple_of(alignment_tokens);
+        if fine_grained {
+            let scale_factor = block_size / alignment_tokens;
+            let first_partial_idx = num_blocks * scale_factor;
+            let max_partial_idx = (first_partial_idx + scale_factor - 1)
+                .min(max_length / alignment_tokens)
+                .min(self.hashes.len() as u64);
+            let mut fine_idx = max_partial_idx;
+            while fine_idx > first_partial_idx {
+                fine_idx -= 1;
+                if self.cached(groups, fine_idx as usize) {
+                    hit_length = (fine_idx + 1) * alignment_tokens;
+                    break;
+                }
+            }
+        }
+        if drop && hit_length > 0 {
+            hit_length -= alignment_tokens.min(block_size);
+        }
+        hit_length - hit_length % alignment_tokens
+    }
+
+    /// SlidingWindowManager.find_longest_cache_hit with the EAGLE variant.
+    fn sliding_window_eagle(
+        &self,
+        spec: &GroupSpec,
+        groups: &[u32],
+        max_length: u64,
+        drop: bool,
+    ) -> u64 {
+        let block_size = spec.block_size as u64;
+        let alignment_tokens = self.align();
+        let window = spec.window.unwrap_or(2).max(2) as u64;
+        let mut contiguous_needed = (window - 1).div_ceil(block_size).max(1);
+        if drop {
+            contiguous_needed += 1;
+        }
+        let max_num_blocks = (max_length / block_size) as i64;
+        let mut computed: Vec<bool> = vec![false; max_num_blocks.max(0) as usize];
+        let mut num_contiguous = 0u64;
+        let mut match_found = false;
+        let mut i = max_num_blocks - 1;
+        while i >= 0 {
+            if self.block_cached(spec, groups, i as usize) {
+                if num_contiguous == 0 && block_size != alignment_tokens {
+                    let post_pop_blocks = if drop { i as u64 } else { i as u64 + 1 };
+                    if !(post_pop_blocks * block_size).is_multiple_of(alignment_tokens) {
+                        i -= 1;
+                        continue;
+                    }
+                }
+                computed[i as usize] = true;
+                num_contiguous += 1;
+                if num_contiguous >= contiguous_needed {
+                    computed.truncate(i as usize + num_contiguous as usize);
+                    match_found = true;
+                    break;
+                }
+            } else {
+                num_contiguous = 0;
+            }
+            i -= 1;
+        }
+        if !match_found {
+            computed.truncate(num_contiguous as usize);
+            while block_size != alignment_tokens
+                && !(computed.len() as u64 * block_size).is_multiple_of(alignment_tokens)
+            {
+                computed.pop();
+            }
+        }
+        if drop && !computed.is_empty() {
+            computed.pop();
+            while block_size != alignment_tokens
+                && !(computed.len() as u64 * block_size).is_multiple_of(alignment_tokens)
+            {
+                computed.pop();
+            }
+        }
+        computed.len() as u64 * block_size
     }
 
     fn align(&self) -> u64 {

@@ -109,6 +109,67 @@ impl View<'_> {
         self.floor_a(hit)
     }
 
+    /// The raw full-attention hit (not aligned): leading blocks, then with fine-grained hits
+    /// the highest present hash boundary inside the first missing block.
+    fn full_raw(&self, max: u64, fine: bool) -> u64 {
+        let b = self.block;
+        let m = self.leading(max / b);
+        if fine {
+            for j in (1..self.k).rev() {
+                let pos = m * b + j * self.h;
+                if pos <= max && self.has_idx(m * self.k + j - 1) {
+                    return pos;
+                }
+            }
+        }
+        m * b
+    }
+
+    /// Full attention with the EAGLE drop: one unit (`min(A, B)`) off the raw hit, re-aligned.
+    fn full_eagle(&self, max: u64, fine: bool, drop: bool) -> u64 {
+        let mut hit = self.full_raw(max, fine);
+        if drop && hit > 0 {
+            hit -= self.align.min(self.block);
+        }
+        self.floor_a(hit)
+    }
+
+    /// Sliding window with the EAGLE drop: `c + 1` contiguous blocks, alignment checked after
+    /// the pop, then the last block popped and the result re-aligned (vLLM 0.32's scan).
+    fn window_eagle(&self, max: u64, window: Option<u32>, drop: bool) -> u64 {
+        let (b, a) = (self.block, self.align);
+        let w = window.unwrap_or(2).max(2) as u64;
+        let c = (w - 1).div_ceil(b).max(1) + u64::from(drop);
+        let mut run = 0u64;
+        let mut matched = None;
+        for i in (0..max / b).rev() {
+            if self.has_block(i) {
+                let post = if drop { i } else { i + 1 };
+                if run == 0 && b != a && !(post * b).is_multiple_of(a) {
+                    continue;
+                }
+                run += 1;
+                if run >= c {
+                    matched = Some(i + run);
+                    break;
+                }
+            } else {
+                run = 0;
+            }
+        }
+        let realign = |mut len: u64| {
+            while b != a && len > 0 && !(len * b).is_multiple_of(a) {
+                len -= 1;
+            }
+            len
+        };
+        let mut len = matched.unwrap_or_else(|| realign(run));
+        if drop && len > 0 {
+            len = realign(len - 1);
+        }
+        len * b
+    }
+
     fn window(&self, max: u64, window: Option<u32>) -> u64 {
         let b = self.block;
         let w = window.unwrap_or(2).max(2) as u64;
@@ -179,6 +240,87 @@ fn make_view<'a>(
         h,
         align: p.align.max(1) as u64,
     })
+}
+
+/// vLLM's coordinator with EAGLE/MTP on (every group an EAGLE group), over the lookups in
+/// `order`: each lookup not yet verified at the current length looks one unit past it and
+/// drops back (Mamba never drops, chunked local does not support the drop), a shrink by an
+/// unverified-free lookup invalidates the verifications, full attention is computed once and
+/// then trimmed, and a two-lookup hybrid led by full attention takes one pass.
+fn eagle_coordinate(
+    lookups: &[Lookup<'_>],
+    views: &[Option<View<'_>>],
+    order: &[usize],
+    n: usize,
+    hashes_len: usize,
+    p: &Params,
+    chunk: Option<u32>,
+) -> u64 {
+    let max_len = (n as u64).saturating_sub(1);
+    let h = p.hash_block.max(1) as u64;
+    let fine = p.fine_grained;
+    let find = |v: &View<'_>, spec: &GroupSpec, max: u64, drop: bool| match spec.rule() {
+        Rule::FullAttention => v.full_eagle(max, fine, drop),
+        Rule::SlidingWindow => v.window_eagle(max, spec.window, drop),
+        Rule::ChunkedLocal => v.chunked(max, chunk),
+        Rule::Mamba => v.mamba(max),
+        Rule::NotCacheable => max,
+    };
+    if p.unitary {
+        return match order
+            .first()
+            .and_then(|i| views[*i].as_ref().map(|v| (v, lookups[*i].spec)))
+        {
+            Some((v, spec)) => find(v, spec, max_len, true),
+            None => 0,
+        };
+    }
+    let mut verified = vec![false; lookups.len()];
+    let mut full_hit: Vec<Option<u64>> = vec![None; lookups.len()];
+    let simple = order.len() == 2 && lookups[order[0]].spec.rule() == Rule::FullAttention;
+    let mut hit_length = max_len;
+    loop {
+        let mut curr = hit_length;
+        for &i in order {
+            let Some(v) = views[i].as_ref() else {
+                return 0;
+            };
+            let spec = lookups[i].spec;
+            let rule = spec.rule();
+            if let (Rule::FullAttention, Some(f)) = (rule, full_hit[i]) {
+                curr = curr.min(f);
+                continue;
+            }
+            let drop = !verified[i];
+            let mut max = curr;
+            if drop && rule != Rule::Mamba && rule != Rule::ChunkedLocal {
+                let b = spec.block_size as u64;
+                let margin = if fine && rule == Rule::FullAttention && b > h {
+                    h
+                } else {
+                    b
+                };
+                max = (curr + margin).min(hashes_len as u64 * h);
+            }
+            let new = find(v, spec, max, drop && rule != Rule::ChunkedLocal);
+            if drop {
+                verified[i] = true;
+            } else if new < curr {
+                verified.iter_mut().for_each(|x| *x = false);
+            }
+            curr = new;
+            if rule == Rule::FullAttention {
+                full_hit[i] = Some(new);
+            }
+        }
+        if curr >= hit_length {
+            return hit_length;
+        }
+        hit_length = curr;
+        if simple {
+            return hit_length;
+        }
+    }
 }
 
 /// The start of the fixed point: `n − 1` aligned down to `A` (0 for an empty request).
@@ -311,6 +453,42 @@ pub fn joint(
     evidence: bool,
 ) -> Joint {
     let l0 = start_length(n, p.align);
+    if p.eagle {
+        let views: Vec<Option<View<'_>>> = lookups
+            .iter()
+            .map(|lk| make_view(lk.spec, lk.holders, hashes, p))
+            .collect();
+        let all: Vec<usize> = (0..lookups.len()).collect();
+        let full: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|i| lookups[*i].spec.rule() == Rule::FullAttention)
+            .collect();
+        let cached = eagle_coordinate(lookups, &views, &all, n, hashes.len(), p, chunk);
+        let group_blind = if full.is_empty() {
+            0
+        } else {
+            eagle_coordinate(lookups, &views, &full, n, hashes.len(), p, chunk)
+        };
+        let mut memo = vec![None; lookups.len()];
+        let groups = if evidence {
+            Scratch {
+                lookups,
+                views: &views,
+                memo: &mut memo,
+                p,
+                chunk,
+            }
+            .evidence(hashes, l0)
+        } else {
+            Vec::new()
+        };
+        return Joint {
+            cached,
+            group_blind,
+            groups,
+        };
+    }
     if let ([lk], false) = (lookups, evidence) {
         if lk.spec.rule() == Rule::FullAttention {
             // One full-attention lookup: its walk from `l0` is both answers.

@@ -87,13 +87,14 @@ fn stored(worker: &str, rank: u32, group: u32, g: &Group, block: u32, hashes: Ve
 }
 
 /// Returns (predictions compared, non-zero ones, ones where group-blind differs).
-fn run_case(seed: u64, steps: usize) -> (usize, usize, usize) {
+fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
     let mut tally = (0usize, 0usize, 0usize);
     let mut rng = StdRng::seed_from_u64(seed);
     let config = WorkerConfig {
         lookup: LookupConfig {
             hash_block_size: Some(H),
             chunk_size: Some(4 * H),
+            eagle,
         },
         verify_hashes: false,
         ..WorkerConfig::default()
@@ -266,13 +267,13 @@ proptest! {
 
     #[test]
     fn the_fast_index_agrees_with_the_reference_on_random_event_streams(seed in any::<u64>()) {
-        let _ = run_case(seed, 300);
+        let _ = run_case(seed, 300, false);
     }
 }
 
 #[test]
 fn a_long_stream_keeps_the_fast_index_and_the_reference_equal() {
-    let (compared, hits, blind_wrong) = run_case(0x5eed, 5_000);
+    let (compared, hits, blind_wrong) = run_case(0x5eed, 5_000, false);
     // The stream must exercise the rules, not just agree on zeros.
     assert!(compared > 1_000, "{compared}");
     assert!(
@@ -282,5 +283,24 @@ fn a_long_stream_keeps_the_fast_index_and_the_reference_equal() {
     assert!(
         blind_wrong * 20 > compared,
         "only {blind_wrong} of {compared} differ from group-blind"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    #[test]
+    fn with_eagle_the_fast_index_agrees_with_the_reference_on_random_event_streams(seed in any::<u64>()) {
+        let _ = run_case(seed, 300, true);
+    }
+}
+
+#[test]
+fn a_long_eagle_stream_keeps_the_fast_index_and_the_reference_equal() {
+    let (compared, hits, _) = run_case(0xea61e, 5_000, true);
+    assert!(compared > 1_000, "{compared}");
+    assert!(
+        hits * 20 > compared,
+        "only {hits} of {compared} predictions hit"
     );
 }

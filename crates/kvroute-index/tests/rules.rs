@@ -154,6 +154,7 @@ fn chunked_local_attention_skips_blocks_before_the_current_chunk() {
             lookup: kvroute_index::LookupConfig {
                 hash_block_size: None,
                 chunk_size: Some(64),
+                eagle: false,
             },
             ..Default::default()
         },
@@ -255,4 +256,69 @@ fn a_kind_change_clears_the_rank_and_is_counted() {
         1
     );
     assert_eq!(predict(&idx, "w", &t), 32);
+}
+
+fn eagle_worker(idx: &Index, worker: &str) {
+    idx.configure_worker(
+        &worker.into(),
+        kvroute_index::WorkerConfig {
+            lookup: kvroute_index::LookupConfig {
+                hash_block_size: None,
+                chunk_size: None,
+                eagle: true,
+            },
+            ..Default::default()
+        },
+    );
+}
+
+#[test]
+fn with_eagle_full_attention_drops_its_last_matched_block() {
+    let idx = Index::new();
+    eagle_worker(&idx, "w");
+    let t = tokens(20, 100);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &chain(&t, 16)));
+    // n − 1 = 99: six blocks (96 tokens) match, one is dropped for the draft head.
+    assert_eq!(predict(&idx, "w", &t), 80);
+}
+
+#[test]
+fn with_eagle_a_window_group_needs_one_more_block_and_drops_it() {
+    let idx = Index::new();
+    eagle_worker(&idx, "w");
+    let t = tokens(21, 210);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    // Window 48 at block 16: c = 3, and 4 with EAGLE. Blocks 10..12 alone are not enough.
+    idx.apply(&store(
+        "w",
+        1,
+        "sliding_window",
+        Some(48),
+        16,
+        &group_blocks(&c, 1, 10..13),
+    ));
+    assert_eq!(predict(&idx, "w", &t), 0);
+    // With block 9 too, the run 9..12 matches one block past 192 and drops back to 192.
+    idx.apply(&store(
+        "w",
+        1,
+        "sliding_window",
+        Some(48),
+        16,
+        &group_blocks(&c, 1, 9..10),
+    ));
+    assert_eq!(predict(&idx, "w", &t), 192);
+    // Without EAGLE the same cache serves 208.
+    let plain = Index::new();
+    plain.apply(&store("w", 0, "full_attention", None, 16, &c));
+    plain.apply(&store(
+        "w",
+        1,
+        "sliding_window",
+        Some(48),
+        16,
+        &group_blocks(&c, 1, 9..13),
+    ));
+    assert_eq!(predict(&plain, "w", &t), 208);
 }

@@ -82,6 +82,7 @@ fn run(preset: &str, seed: u64) -> usize {
         lookup: LookupConfig {
             hash_block_size: None,
             chunk_size: chunk,
+            eagle: false,
         },
         verify_hashes: true,
     });

@@ -117,6 +117,10 @@ pub fn worker_config(meta: &Meta) -> Result<WorkerConfig> {
         lookup: LookupConfig {
             hash_block_size: unit,
             chunk_size: chunk,
+            eagle: meta
+                .engine_args
+                .get("speculative_config")
+                .is_some_and(|v| !v.is_null()),
         },
         verify_hashes: true,
     })

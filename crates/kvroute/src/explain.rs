@@ -19,6 +19,7 @@ pub struct HashSettings {
     pub hash_block_size: Option<u32>,
     pub chunk_size: Option<u32>,
     pub content_keys: bool,
+    pub eagle: bool,
 }
 
 pub fn explain(
@@ -43,6 +44,7 @@ pub fn explain(
         lookup: LookupConfig {
             hash_block_size: s.hash_block_size,
             chunk_size: s.chunk_size,
+            eagle: s.eagle,
         },
         verify_hashes: true,
     });

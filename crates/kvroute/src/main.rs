@@ -43,6 +43,9 @@ struct HashArgs {
     /// Key blocks by the router's own content keys (SGLang, xxhash engines).
     #[arg(long)]
     content_keys: bool,
+    /// The engine runs speculative decoding (EAGLE/MTP): every group drops its last matched unit.
+    #[arg(long)]
+    eagle: bool,
 }
 
 impl HashArgs {
@@ -53,6 +56,7 @@ impl HashArgs {
             hash_block_size: self.hash_block_size,
             chunk_size: self.chunk_size,
             content_keys: self.content_keys,
+            eagle: self.eagle,
         }
     }
 }
@@ -221,6 +225,7 @@ fn parse_worker(s: &str) -> Result<WorkerSpec> {
             "hash_block_size" => w.hash_block_size = Some(v.parse()?),
             "chunk_size" => w.chunk_size = Some(v.parse()?),
             "content_keys" => w.content_keys = v.parse()?,
+            "speculative" | "eagle" => w.speculative = v.parse()?,
             "model_dir" => w.model_dir = Some(v.into()),
             other => bail!("worker {s:?}: unknown key {other:?}"),
         }

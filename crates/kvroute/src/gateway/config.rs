@@ -67,6 +67,10 @@ pub struct WorkerSpec {
     /// Key blocks by the router's own content keys (SGLang; xxhash engines).
     #[serde(default)]
     pub content_keys: bool,
+    /// The engine runs speculative decoding (EAGLE/MTP, vLLM's `--speculative-config`): every
+    /// group drops its last matched unit.
+    #[serde(default)]
+    pub speculative: bool,
     /// A model directory with `tokenizer.json` (and `tokenizer_config.json`'s chat template):
     /// the gateway tokenizes itself instead of asking the worker's `/tokenize`.
     #[serde(default)]
@@ -93,6 +97,7 @@ impl WorkerSpec {
             hash_block_size: None,
             chunk_size: None,
             content_keys: false,
+            speculative: false,
             model_dir: None,
         }
     }
@@ -124,6 +129,7 @@ impl WorkerSpec {
             lookup: LookupConfig {
                 hash_block_size: self.hash_block_size,
                 chunk_size: self.chunk_size,
+                eagle: self.speculative,
             },
             verify_hashes: true,
         })
