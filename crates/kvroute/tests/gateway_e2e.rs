@@ -79,8 +79,32 @@ fn cached(r: &Reply) -> u64 {
 }
 
 /// Waits until the gateway's index has seen a worker's events (bounded).
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(150)).await;
+/// Waits until the gateway's index has taken in the engines' events: the index stops changing
+/// for 100 ms (bounded at 5 s), so a loaded machine cannot make a prediction race its events.
+async fn settle(gw: &GatewayHandle) {
+    let index = &gw.state.registry.index;
+    let snapshot = || {
+        (
+            index
+                .counters()
+                .get(kvroute_index::counters::Counter::StoreEvents),
+            index.stats().block_copies,
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut last = snapshot();
+    let mut stable_since = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = snapshot();
+        if now != last {
+            last = now;
+            stable_since = std::time::Instant::now();
+        } else if stable_since.elapsed() >= Duration::from_millis(100) {
+            return;
+        }
+    }
 }
 
 fn prompt(seed: u32, n: usize) -> Vec<u32> {
@@ -99,7 +123,7 @@ async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
         let first = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 4})).await;
         assert_eq!(first.status, 200, "{}", first.body);
         assert_eq!(first.decision["predicted_cached"], 0);
-        settle().await;
+        settle(&gw).await;
         // A continuation: same worker, and the prediction equals what the engine reports.
         let mut next = p.clone();
         next.extend(prompt(seed + 100, 40));
@@ -122,7 +146,7 @@ async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
         );
         assert!(cached(&second) > 0);
         total_cached += cached(&second);
-        settle().await;
+        settle(&gw).await;
         // A branch that shares only the first 150 tokens: the window groups cannot serve it,
         // and the gateway knows (a group-blind router would promise 128).
         let mut branch = p[..150].to_vec();
@@ -138,7 +162,7 @@ async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
             "{}",
             third.decision
         );
-        settle().await;
+        settle(&gw).await;
     }
     assert!(total_cached > 1000);
     let metrics = reqwest::get(format!("http://{}/metrics", gw.addr))
@@ -188,7 +212,7 @@ async fn streams_pass_through_and_text_prompts_tokenize_like_the_worker() {
         a.body["usage"]["prompt_tokens"],
         a.decision["prompt_tokens"]
     );
-    settle().await;
+    settle(&gw).await;
     let b = complete(&gw, body).await;
     assert!(cached(&b) > 0);
     assert_eq!(b.decision["predicted_cached"].as_u64().unwrap(), cached(&b));
@@ -327,7 +351,7 @@ async fn a_worker_streaming_garbage_events_does_not_spoil_the_others() {
         let p = prompt(seed + 50, 250);
         let a = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 2})).await;
         assert_eq!(a.status, 200);
-        settle().await;
+        settle(&gw).await;
         let b = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 2})).await;
         assert_eq!(b.status, 200);
         assert_ne!(b.decision["worker"], "zz-garbage", "{}", b.decision);
@@ -338,7 +362,7 @@ async fn a_worker_streaming_garbage_events_does_not_spoil_the_others() {
             "{}",
             b.decision
         );
-        settle().await;
+        settle(&gw).await;
     }
     feeder.await.unwrap();
     let snap = gw.state.registry.wire_stats.snapshot();
@@ -467,7 +491,7 @@ async fn explain_asks_a_running_gateway_for_every_workers_prediction() {
     let p = prompt(7, 200);
     let r = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 2})).await;
     assert_eq!(r.status, 200);
-    settle().await;
+    settle(&gw).await;
     let toks: Vec<String> = p.iter().map(u32::to_string).collect();
     let admin = format!("http://{}", gw.admin_addr);
     let out = tokio::task::spawn_blocking(move || {
