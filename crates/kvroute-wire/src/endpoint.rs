@@ -50,28 +50,8 @@ pub fn live_endpoint(
     dp_rank: u32,
     host: &str,
 ) -> Result<ResolvedEndpoint, EndpointError> {
-    if let Some(path) = engine.strip_prefix("ipc://") {
-        if dp_rank != 0 {
-            return Err(EndpointError::IpcWithRank(engine.to_string()));
-        }
-        return Ok(ResolvedEndpoint {
-            mode: SocketMode::Connect,
-            address: format!("ipc://{path}"),
-        });
-    }
-    let (ep_host, port) = tcp_parts(engine, dp_rank)?;
     let engine_binds = engine.contains('*') || engine.contains("::");
-    if engine_binds {
-        Ok(ResolvedEndpoint {
-            mode: SocketMode::Connect,
-            address: tcp(pick_host(ep_host, host), port),
-        })
-    } else {
-        Ok(ResolvedEndpoint {
-            mode: SocketMode::Bind,
-            address: tcp(ep_host, port),
-        })
-    }
+    resolve(engine, dp_rank, host, engine_binds)
 }
 
 /// The subscriber's side of an engine's replay ROUTER for `dp_rank` (always connected to).
@@ -79,6 +59,17 @@ pub fn replay_endpoint(
     engine: &str,
     dp_rank: u32,
     host: &str,
+) -> Result<ResolvedEndpoint, EndpointError> {
+    resolve(engine, dp_rank, host, true)
+}
+
+/// ipc endpoints are connected to as given (rank 0 only); tcp endpoints get `port + rank`, and
+/// are connected to (wildcards replaced by `host`) when the engine binds, else bound.
+fn resolve(
+    engine: &str,
+    dp_rank: u32,
+    host: &str,
+    engine_binds: bool,
 ) -> Result<ResolvedEndpoint, EndpointError> {
     if let Some(path) = engine.strip_prefix("ipc://") {
         if dp_rank != 0 {
@@ -90,9 +81,16 @@ pub fn replay_endpoint(
         });
     }
     let (ep_host, port) = tcp_parts(engine, dp_rank)?;
-    Ok(ResolvedEndpoint {
-        mode: SocketMode::Connect,
-        address: tcp(pick_host(ep_host, host), port),
+    Ok(if engine_binds {
+        ResolvedEndpoint {
+            mode: SocketMode::Connect,
+            address: tcp(pick_host(ep_host, host), port),
+        }
+    } else {
+        ResolvedEndpoint {
+            mode: SocketMode::Bind,
+            address: tcp(ep_host, port),
+        }
     })
 }
 
