@@ -136,94 +136,103 @@ async fn malformed_requests_get_openai_style_errors_with_the_right_status() {
     gw.shutdown().await;
 }
 
+/// One admin call: (status, JSON body or null).
+async fn admin(
+    gw: &GatewayHandle,
+    method: reqwest::Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = reqwest::Client::new().request(method, format!("http://{}{path}", gw.admin_addr));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
 #[tokio::test]
 async fn the_admin_api_needs_its_token_and_manages_workers() {
+    use reqwest::Method;
     let gw = gateway(vec![], Some("s3cret")).await;
-    let admin = format!("http://{}", gw.admin_addr);
-    let client = reqwest::Client::new();
-    let r = client
-        .get(format!("{admin}/admin/workers"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 401);
-    let r = client
-        .get(format!("{admin}/admin/workers"))
-        .bearer_auth("wrong")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 401);
+    let t = Some("s3cret");
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/workers", None, None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/workers", Some("wrong"), None)
+            .await
+            .0,
+        401
+    );
 
-    let spec = json!({"name": "w1", "url": "http://127.0.0.1:9", "model": "m",
-                      "kv_events": {"endpoint": "tcp://127.0.0.1:0"}});
     let bad =
         json!({"name": "w2", "url": "http://127.0.0.1:9", "model": "m", "hash_algo": "xxhash"});
-    let r = client
-        .post(format!("{admin}/admin/workers"))
-        .bearer_auth("s3cret")
-        .json(&bad)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 400);
-    let spec_ok = json!({"name": "w1", "url": "http://127.0.0.1:9", "model": "m"});
-    let _ = spec;
-    let r = client
-        .post(format!("{admin}/admin/workers"))
-        .bearer_auth("s3cret")
-        .json(&spec_ok)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    let r = client
-        .post(format!("{admin}/admin/workers"))
-        .bearer_auth("s3cret")
-        .json(&spec_ok)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 409);
-    let r = client
-        .post(format!("{admin}/admin/workers/w1/drain"))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let list: Value = client
-        .get(format!("{admin}/admin/workers"))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    assert_eq!(
+        admin(&gw, Method::POST, "/admin/workers", t, Some(bad))
+            .await
+            .0,
+        400
+    );
+    let ok = json!({"name": "w1", "url": "http://127.0.0.1:9", "model": "m"});
+    assert_eq!(
+        admin(&gw, Method::POST, "/admin/workers", t, Some(ok.clone()))
+            .await
+            .0,
+        201
+    );
+    assert_eq!(
+        admin(&gw, Method::POST, "/admin/workers", t, Some(ok))
+            .await
+            .0,
+        409
+    );
+    assert_eq!(
+        admin(&gw, Method::POST, "/admin/workers/w1/drain", t, None)
+            .await
+            .0,
+        200
+    );
+    let (_, list) = admin(&gw, Method::GET, "/admin/workers", t, None).await;
     assert_eq!(list["workers"][0]["draining"], true);
-    let r = client
-        .delete(format!("{admin}/admin/workers/w1"))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 204);
-    let r = client
-        .delete(format!("{admin}/admin/workers/w1"))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 404);
-    let r = client
-        .put(format!("{admin}/admin/policy"))
-        .bearer_auth("s3cret")
-        .json(&json!({"policy": "round-robin"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        admin(&gw, Method::DELETE, "/admin/workers/w1", t, None)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        admin(&gw, Method::DELETE, "/admin/workers/w1", t, None)
+            .await
+            .0,
+        404
+    );
+    let (s, _) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/policy",
+        t,
+        Some(json!({"policy": "round-robin"})),
+    )
+    .await;
+    assert_eq!(s, 200);
     assert_eq!(gw.state.policy().name(), "round-robin");
+    let (s, _) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/policy",
+        t,
+        Some(json!({"policy": "fastest"})),
+    )
+    .await;
+    assert_eq!(s, 400);
     gw.shutdown().await;
 }
