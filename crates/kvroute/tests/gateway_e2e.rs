@@ -574,3 +574,56 @@ async fn events_capture_records_a_live_stream_that_decodes_back() {
     );
     let _ = std::fs::remove_file(out);
 }
+
+/// Two free consecutive ports (vLLM's DP ranks publish on `port + rank`).
+fn consecutive_ports() -> u16 {
+    for _ in 0..200 {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no two consecutive free ports");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_parallel_worker_is_followed_on_every_rank() {
+    let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
+    cfg.speedup = 1000.0;
+    cfg.data_parallel_size = 2;
+    let (live, replay) = (consecutive_ports(), consecutive_ports());
+    let mut publisher = kvroute_sim::PublisherConfig::new(&format!("tcp://*:{live}"));
+    publisher.replay_endpoint = Some(format!("tcp://*:{replay}"));
+    cfg.zmq = Some(publisher);
+    let h = kvroute_sim::start_worker("w0", cfg, ([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    assert_eq!(h.zmq.len(), 2, "one publisher per rank, on port + rank");
+    let mut s = WorkerSpec::new("w0", &h.base_url, PRESET);
+    s.dp_size = 2;
+    s.kv_events = Some(KvEventsSpec {
+        endpoint: format!("tcp://*:{live}"),
+        replay_endpoint: Some(format!("tcp://*:{replay}")),
+        topic: String::new(),
+        host: Some("127.0.0.1".into()),
+        dialect: "vllm".into(),
+    });
+    let gw = gateway(vec![s]).await;
+    for i in 0..6u32 {
+        let r = complete(
+            &gw,
+            json!({"model": PRESET, "prompt": prompt(i + 300, 120), "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        settle(&gw).await;
+    }
+    // Each rank's events landed under its own rank: both hold blocks, and different ones.
+    let contents = gw.state.registry.index.contents();
+    let r0 = contents.get(&("w0".into(), 0)).cloned().unwrap_or_default();
+    let r1 = contents.get(&("w0".into(), 1)).cloned().unwrap_or_default();
+    assert!(!r0.is_empty() && !r1.is_empty(), "{contents:?}");
+    assert_ne!(r0, r1);
+    gw.shutdown().await;
+}
