@@ -10,7 +10,7 @@
 //! Must not: lock anything (the index serializes access per rank) or predict.
 
 use crate::counters::{Counter, Counters};
-use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Stored};
+use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Stored, WorkerId};
 use crate::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
 use crate::holder::{MixBuild, Multiset};
 use crate::layout::{Layout, Learned, LookupConfig, Params, Plan};
@@ -89,6 +89,8 @@ pub struct RankState {
     pub stats: RankStats,
     /// Set by the intake while the rank's event stream has an unfilled gap.
     pub degraded: bool,
+    /// Refusal reasons already logged for this rank (one bit per `Counter`).
+    logged: u64,
 }
 
 impl RankState {
@@ -107,6 +109,17 @@ impl RankState {
             digests: HashMap::default(),
             stats: RankStats::default(),
             degraded: false,
+            logged: 0,
+        }
+    }
+
+    /// Counts a refusal and logs it the first time this rank sees that reason.
+    fn refuse(&mut self, c: Counter, n: u64, counters: &Counters, worker: &WorkerId, detail: &str) {
+        counters.add(c, n);
+        let bit = 1u64 << (c as u32);
+        if self.logged & bit == 0 {
+            self.logged |= bit;
+            tracing::warn!(worker = %worker, reason = c.name(), "{detail} (counted; logged once per worker and reason)");
         }
     }
 
@@ -165,7 +178,13 @@ impl RankState {
             return;
         }
         if ev.block_size == 0 {
-            counters.add(Counter::ZeroBlockSize, 1);
+            self.refuse(
+                Counter::ZeroBlockSize,
+                1,
+                counters,
+                &ev.worker,
+                "a store with block_size 0 was ignored",
+            );
             return;
         }
         let group = ev.group.unwrap_or(0);
@@ -173,7 +192,13 @@ impl RankState {
             (Some(k), _) => k.clone(),
             (None, None) => CacheKind::FullAttention,
             (None, Some(_)) => {
-                counters.add(Counter::KindAbsent, 1);
+                self.refuse(
+                    Counter::KindAbsent,
+                    1,
+                    counters,
+                    &ev.worker,
+                    "a group without a kind is treated as full attention",
+                );
                 CacheKind::FullAttention
             }
         };
@@ -184,7 +209,13 @@ impl RankState {
             Learned::Known => {}
             Learned::Resized | Learned::NewGroup => self.replan(),
             Learned::Changed => {
-                counters.add(Counter::LayoutChanges, 1);
+                self.refuse(
+                    Counter::LayoutChanges,
+                    1,
+                    counters,
+                    &ev.worker,
+                    "a group changed kind or window: the rank was cleared",
+                );
                 self.stats.layout_changes += 1;
                 self.reset();
                 self.layout
@@ -224,7 +255,13 @@ impl RankState {
         }
         let group = ev.group.unwrap_or(0);
         if !self.layout.contains(group) {
-            counters.add(Counter::RemovedUnknownGroup, 1);
+            self.refuse(
+                Counter::RemovedUnknownGroup,
+                1,
+                counters,
+                &ev.worker,
+                "a removal for a group never stored was ignored",
+            );
             return;
         }
         let content_mode = self.config.hash == HashMode::ContentKey;
@@ -254,7 +291,13 @@ impl RankState {
         // One atomic add per event, not per block.
         counters.add(Counter::BlocksRemoved, removed);
         if unknown > 0 {
-            counters.add(Counter::RemovedUnknownHash, unknown);
+            self.refuse(
+                Counter::RemovedUnknownHash,
+                unknown,
+                counters,
+                &ev.worker,
+                "a removal named a block the rank does not hold",
+            );
         }
     }
 
@@ -307,7 +350,13 @@ impl RankState {
         }
         counters.add(Counter::BlocksStored, placed);
         if unplaceable > 0 {
-            counters.add(Counter::ContentUnplaceable, unplaceable);
+            self.refuse(
+                Counter::ContentUnplaceable,
+                unplaceable,
+                counters,
+                &ev.worker,
+                "content-key mode: a store that cannot be placed was dropped",
+            );
             self.stats.content_unplaceable += unplaceable;
         }
     }
@@ -387,7 +436,7 @@ impl RankState {
             counters.add(Counter::HashCheckMatched, 1);
             self.stats.hash_matched += 1;
         } else {
-            counters.add(Counter::HashCheckMismatched, 1);
+            self.refuse(Counter::HashCheckMismatched, 1, counters, &ev.worker, "a recomputed store does not match the engine's hashes: the router's hash settings (algorithm, seed, hash block size) differ from the engine's");
             self.stats.hash_mismatched += 1;
         }
     }
