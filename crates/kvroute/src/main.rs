@@ -337,13 +337,20 @@ enum EventsCmd {
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    // Long-running services log their lifecycle; one-shot tools only warnings. RUST_LOG wins.
+    let default_level = if matches!(cli.cmd, Cmd::Serve(_) | Cmd::SimWorker(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.cmd {
