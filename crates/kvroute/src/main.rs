@@ -155,9 +155,12 @@ struct DemoArgs {
         value_delimiter = ','
     )]
     policies: Vec<PolicyKind>,
-    /// λ in `uncached + λ·load`.
+    /// λ in `uncached + λ·load − μ·junction`.
     #[arg(long, default_value_t = 1.0)]
     lambda: f64,
+    /// μ: credit per full-attention prefix token beyond the hit (a junction checkpoint to be).
+    #[arg(long, default_value_t = 1.0)]
+    junction_weight: f64,
     /// Also write the table as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -183,9 +186,12 @@ struct ServeArgs {
     /// hybrid-aware | group-blind | round-robin | least-load
     #[arg(long)]
     policy: Option<PolicyKind>,
-    /// λ in `uncached + λ·load`.
+    /// λ in `uncached + λ·load − μ·junction`.
     #[arg(long)]
     lambda: Option<f64>,
+    /// μ: credit per full-attention prefix token beyond the hit (hybrid-aware).
+    #[arg(long)]
+    junction_weight: Option<f64>,
     /// A worker: `name=w0,url=http://127.0.0.1:8000,model=m[,events=tcp://*:5557][,replay=tcp://*:5558]
     /// [,topic=kv][,dp=2][,hash_algo=sha256_cbor][,hash_seed=S][,content_keys=true]` (repeatable).
     #[arg(long = "worker")]
@@ -262,6 +268,9 @@ async fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(l) = a.lambda {
         cfg.weights.lambda = l;
+    }
+    if let Some(j) = a.junction_weight {
+        cfg.weights.junction = j;
     }
     cfg.explain_always |= a.explain_always;
     for w in &a.workers {
@@ -400,6 +409,7 @@ async fn main() -> Result<()> {
                 plot: a.plot,
                 progress: !a.quiet,
                 lambda: a.lambda,
+                junction_weight: a.junction_weight,
             };
             kvroute::demo::run(opts).await.map(|_| ())
         }

@@ -42,6 +42,7 @@ pub struct DemoOptions {
     pub plot: PathBuf,
     pub progress: bool,
     pub lambda: f64,
+    pub junction_weight: f64,
 }
 
 impl Default for DemoOptions {
@@ -66,6 +67,7 @@ impl Default for DemoOptions {
             plot: PathBuf::from("kvroute-demo"),
             progress: true,
             lambda: 1.0,
+            junction_weight: 1.0,
         }
     }
 }
@@ -207,6 +209,7 @@ async fn run_policy(
         ..GatewayConfig::default()
     };
     cfg.weights.lambda = opts.lambda;
+    cfg.weights.junction = opts.junction_weight;
     for w in &fleet.workers {
         let mut spec = WorkerSpec::new(&w.name, &w.url, &w.model);
         spec.kv_events = Some(KvEventsSpec {

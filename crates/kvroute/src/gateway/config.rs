@@ -190,6 +190,15 @@ pub struct PolicyWeights {
     /// Load tokens charged per in-flight request (its decode work).
     #[serde(default = "default_request_tokens")]
     pub tokens_per_request: f64,
+    /// μ: credit per full-attention prefix token a worker holds beyond what it will serve
+    /// (routing there makes the engine store a junction checkpoint that later requests
+    /// sharing the prefix reuse). Hybrid-aware only.
+    #[serde(default = "default_junction")]
+    pub junction: f64,
+}
+
+fn default_junction() -> f64 {
+    1.0
 }
 
 fn default_lambda() -> f64 {
@@ -204,6 +213,7 @@ impl Default for PolicyWeights {
         PolicyWeights {
             lambda: default_lambda(),
             tokens_per_request: default_request_tokens(),
+            junction: default_junction(),
         }
     }
 }

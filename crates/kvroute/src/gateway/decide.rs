@@ -66,8 +66,8 @@ pub fn decide(
         skip_prefix_cache,
     };
     let n = tokens.len() as u64;
-    // Best rank per worker: (predicted, rank).
-    let mut best: HashMap<&str, (u64, u32)> = HashMap::new();
+    // Best rank per worker: (predicted, rank, junction tokens).
+    let mut best: HashMap<&str, (u64, u32, u64)> = HashMap::new();
     if policy.uses_cache() {
         for p in registry.index.predict_all_detail(&q, Detail::Cached) {
             let v = if policy == PolicyKind::GroupBlind {
@@ -75,10 +75,17 @@ pub fn decide(
             } else {
                 p.cached
             };
+            let junction = if policy == PolicyKind::HybridAware {
+                p.group_blind.saturating_sub(p.cached)
+            } else {
+                0
+            };
             if let Some(w) = workers.iter().find(|w| w.id == p.worker) {
-                let e = best.entry(w.spec.name.as_str()).or_insert((v, p.dp_rank));
-                if v > e.0 {
-                    *e = (v, p.dp_rank);
+                let e = best
+                    .entry(w.spec.name.as_str())
+                    .or_insert((v, p.dp_rank, junction));
+                if (v, junction) > (e.0, e.2) {
+                    *e = (v, p.dp_rank, junction);
                 }
             }
         }
@@ -86,17 +93,20 @@ pub fn decide(
     let cands: Vec<Candidate> = workers
         .iter()
         .map(|w| {
-            let cached = best.get(w.spec.name.as_str()).map_or(0, |b| b.0);
+            let (cached, junction) = best
+                .get(w.spec.name.as_str())
+                .map_or((0, 0), |b| (b.0, b.2));
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
                 uncached: n - cached.min(n),
                 load: w.load_tokens(weights.tokens_per_request),
+                junction,
                 cost: 0.0,
             }
         })
         .collect();
-    let ranked = rank(policy, cands, weights.lambda, rr);
+    let ranked = rank(policy, cands, weights, rr);
     let order: Vec<Arc<Worker>> = ranked
         .iter()
         .filter_map(|c| workers.iter().find(|w| w.spec.name == c.worker).cloned())

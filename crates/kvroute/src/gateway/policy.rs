@@ -6,6 +6,7 @@
 //! appears once in the ranking, best first (the retry takes the next one).
 //! Must not: look at sockets or the index: it ranks numbers the caller computed.
 
+use super::config::PolicyWeights;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 
@@ -68,12 +69,28 @@ pub struct Candidate {
     pub uncached: u64,
     /// Load in tokens (queued prefill + per-request decode charge).
     pub load: f64,
-    /// `uncached + λ·load` (cache policies), `load` (least-load), position (round-robin).
+    /// Hybrid-aware only: full-attention prefix tokens the engine holds beyond what it will
+    /// serve. Sent there, the request makes vLLM store a junction checkpoint (sparse
+    /// retention), so later requests sharing that prefix can reuse it.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub junction: u64,
+    /// `uncached + λ·load − μ·junction` (cache policies), `load` (least-load), position
+    /// (round-robin).
     pub cost: f64,
 }
 
+fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
 /// Ranks candidates best first. `rr` is the round-robin counter for this request.
-pub fn rank(policy: PolicyKind, mut cands: Vec<Candidate>, lambda: f64, rr: u64) -> Vec<Candidate> {
+pub fn rank(
+    policy: PolicyKind,
+    mut cands: Vec<Candidate>,
+    weights: &PolicyWeights,
+    rr: u64,
+) -> Vec<Candidate> {
+    let lambda = weights.lambda;
     if cands.is_empty() {
         return cands;
     }
@@ -95,7 +112,7 @@ pub fn rank(policy: PolicyKind, mut cands: Vec<Candidate>, lambda: f64, rr: u64)
         }
         PolicyKind::HybridAware | PolicyKind::GroupBlind => {
             for c in cands.iter_mut() {
-                c.cost = c.uncached as f64 + lambda * c.load;
+                c.cost = c.uncached as f64 + lambda * c.load - weights.junction * c.junction as f64;
             }
         }
     }
@@ -118,7 +135,15 @@ mod tests {
             predicted_cached: cached,
             uncached: n - cached,
             load,
+            junction: 0,
             cost: 0.0,
+        }
+    }
+
+    fn w(lambda: f64) -> PolicyWeights {
+        PolicyWeights {
+            lambda,
+            ..PolicyWeights::default()
         }
     }
 
@@ -127,14 +152,14 @@ mod tests {
         let r = rank(
             PolicyKind::HybridAware,
             vec![c("a", 0, 1000, 0.0), c("b", 800, 1000, 100.0)],
-            1.0,
+            &w(1.0),
             0,
         );
         assert_eq!(r[0].worker, "b");
         let r = rank(
             PolicyKind::HybridAware,
             vec![c("a", 0, 1000, 0.0), c("b", 800, 1000, 900.0)],
-            1.0,
+            &w(1.0),
             0,
         );
         assert_eq!(r[0].worker, "a");
@@ -145,7 +170,7 @@ mod tests {
         let r = rank(
             PolicyKind::HybridAware,
             vec![c("b", 0, 10, 0.0), c("a", 5, 10, 0.0), c("c", 0, 10, 5.0)],
-            0.0,
+            &w(0.0),
             0,
         );
         assert_eq!(
@@ -155,11 +180,54 @@ mod tests {
     }
 
     #[test]
+    fn a_junction_makes_the_worker_with_the_full_attention_prefix_worth_more() {
+        let mut a = c("a", 0, 1000, 0.0);
+        let b = c("b", 0, 1000, 0.0);
+        a.junction = 512;
+        let plain = PolicyWeights {
+            junction: 0.0,
+            ..w(1.0)
+        };
+        // Without the junction term "a" and "b" tie and the name decides; with it "a" wins
+        // even against a little load.
+        assert_eq!(
+            rank(
+                PolicyKind::HybridAware,
+                vec![b.clone(), a.clone()],
+                &plain,
+                0
+            )[0]
+            .worker,
+            "a"
+        );
+        let mut loaded = a.clone();
+        loaded.load = 100.0;
+        assert_eq!(
+            rank(
+                PolicyKind::HybridAware,
+                vec![b.clone(), loaded.clone()],
+                &plain,
+                0
+            )[0]
+            .worker,
+            "b"
+        );
+        let with = PolicyWeights {
+            junction: 0.5,
+            ..w(1.0)
+        };
+        assert_eq!(
+            rank(PolicyKind::HybridAware, vec![b, loaded], &with, 0)[0].worker,
+            "a"
+        );
+    }
+
+    #[test]
     fn round_robin_rotates_and_least_load_ignores_the_cache() {
         let cands = vec![c("a", 0, 10, 3.0), c("b", 9, 10, 1.0), c("c", 0, 10, 2.0)];
-        let r = rank(PolicyKind::RoundRobin, cands.clone(), 1.0, 4);
+        let r = rank(PolicyKind::RoundRobin, cands.clone(), &w(1.0), 4);
         assert_eq!(r[0].worker, "b");
-        let r = rank(PolicyKind::LeastLoad, cands, 1.0, 0);
+        let r = rank(PolicyKind::LeastLoad, cands, &w(1.0), 0);
         assert_eq!(r[0].worker, "b");
         assert_eq!(
             "group-blind".parse::<PolicyKind>(),
