@@ -161,6 +161,9 @@ struct DemoArgs {
     /// μ: credit per full-attention prefix token beyond the hit (a junction checkpoint to be).
     #[arg(long, default_value_t = 1.0)]
     junction_weight: f64,
+    /// Arrivals this many times denser than the trace's (more load in engine time).
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
     /// Also write the table as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -410,6 +413,7 @@ async fn main() -> Result<()> {
                 progress: !a.quiet,
                 lambda: a.lambda,
                 junction_weight: a.junction_weight,
+                rate: a.rate,
             };
             kvroute::demo::run(opts).await.map(|_| ())
         }

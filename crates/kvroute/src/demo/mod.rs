@@ -43,6 +43,8 @@ pub struct DemoOptions {
     pub progress: bool,
     pub lambda: f64,
     pub junction_weight: f64,
+    /// Arrivals this many times denser than the trace's (load in engine time).
+    pub rate: f64,
 }
 
 impl Default for DemoOptions {
@@ -68,6 +70,7 @@ impl Default for DemoOptions {
             progress: true,
             lambda: 1.0,
             junction_weight: 1.0,
+            rate: 1.0,
         }
     }
 }
@@ -165,6 +168,7 @@ async fn replay(
     model: &str,
     requests: &[trace::TraceRequest],
     speedup: f64,
+    rate: f64,
     bar: &indicatif::ProgressBar,
 ) -> (Vec<Sample>, f64) {
     let client = reqwest::Client::builder()
@@ -174,7 +178,7 @@ async fn replay(
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(requests.len());
     for req in requests.iter().cloned() {
-        let at = Duration::from_secs_f64(req.at_ms / 1000.0 / speedup);
+        let at = Duration::from_secs_f64(req.at_ms / 1000.0 / speedup / rate.max(1e-6));
         let client = client.clone();
         let url = url.to_string();
         let model = model.to_string();
@@ -231,7 +235,8 @@ async fn run_policy(
         .unwrap_or_default();
     let url = format!("http://{}", gw.addr);
     bar.set_message(policy.name());
-    let (samples, engine_seconds) = replay(&url, &model, requests, opts.speedup, bar).await;
+    let (samples, engine_seconds) =
+        replay(&url, &model, requests, opts.speedup, opts.rate, bar).await;
     gw.shutdown().await;
     fleet.stop().await;
     Ok(report::summarize(policy.name(), &samples, engine_seconds))
