@@ -230,6 +230,48 @@ pub enum Event {
     Cleared(Cleared),
 }
 
+impl Stored {
+    /// A device-tier store of 64-bit hashes into `group` (no parent, tokens or extra keys):
+    /// what tests, benchmarks and simulations build most often.
+    pub fn device(
+        worker: &str,
+        group: u32,
+        kind: CacheKind,
+        sliding_window: Option<u32>,
+        block_size: u32,
+        hashes: &[u64],
+    ) -> Stored {
+        Stored {
+            worker: worker.into(),
+            dp_rank: 0,
+            medium: None,
+            group: Some(group),
+            kind: Some(kind),
+            sliding_window,
+            block_size,
+            parent: None,
+            hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
+            token_ids: Vec::new(),
+            extra_keys: None,
+            lora_id: None,
+            lora_name: None,
+        }
+    }
+}
+
+impl Removed {
+    /// A device-tier removal of 64-bit hashes from `group`.
+    pub fn device(worker: &str, group: u32, hashes: &[u64]) -> Removed {
+        Removed {
+            worker: worker.into(),
+            dp_rank: 0,
+            medium: None,
+            group: Some(group),
+            hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
+        }
+    }
+}
+
 impl Event {
     pub fn worker(&self) -> &WorkerId {
         match self {

@@ -502,7 +502,7 @@ pub fn block_hashes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{CacheKind, EngineHash, Stored};
+    use crate::event::{CacheKind, Stored};
     use crate::hash::DEFAULT_SEED;
 
     fn store(
@@ -512,21 +512,7 @@ mod tests {
         window: Option<u32>,
         hashes: &[u64],
     ) -> Event {
-        Event::Stored(Stored {
-            worker: worker.into(),
-            dp_rank: 0,
-            medium: None,
-            group: Some(group),
-            kind: Some(kind),
-            sliding_window: window,
-            block_size: 16,
-            parent: None,
-            hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
-            token_ids: Vec::new(),
-            extra_keys: None,
-            lora_id: None,
-            lora_name: None,
-        })
+        Event::Stored(Stored::device(worker, group, kind, window, 16, hashes))
     }
 
     #[test]

@@ -90,13 +90,9 @@ fn removals_in_content_mode_follow_the_engine_hash_to_its_key() {
     let idx = content_index();
     let t = tokens(3, 100);
     idx.apply(&dense_store("w", 16, None, &[21, 22, 23], &t[..48]));
-    idx.apply(&Event::Removed(Removed {
-        worker: "w".into(),
-        dp_rank: 0,
-        medium: None,
-        group: None,
-        hashes: vec![EngineHash::int(22)],
-    }));
+    let mut removed = Removed::device("w", 0, &[22]);
+    removed.group = None;
+    idx.apply(&Event::Removed(removed));
     assert_eq!(
         idx.predict(
             &"w".into(),

@@ -10,7 +10,7 @@ use kvroute::gateway::config::{PolicyWeights, WorkerSpec};
 use kvroute::gateway::decide::decide;
 use kvroute::gateway::policy::PolicyKind;
 use kvroute::gateway::registry::Registry;
-use kvroute_index::event::{CacheKind, EngineHash, Event, Stored};
+use kvroute_index::event::{CacheKind, Event, Stored};
 use kvroute_index::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
 use kvroute_index::{BlockExtras, Index};
 use std::sync::Arc;
@@ -33,21 +33,14 @@ fn tokens(seed: u64, n: usize) -> Vec<u32> {
 }
 
 fn store(worker: &str, group: u32, kind: CacheKind, window: Option<u32>, hashes: &[u64]) -> Event {
-    Event::Stored(Stored {
-        worker: worker.into(),
-        dp_rank: 0,
-        medium: None,
-        group: Some(group),
-        kind: Some(kind),
-        sliding_window: window,
-        block_size: BLOCK as u32,
-        parent: None,
-        hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
-        token_ids: Vec::new(),
-        extra_keys: None,
-        lora_id: None,
-        lora_name: None,
-    })
+    Event::Stored(Stored::device(
+        worker,
+        group,
+        kind,
+        window,
+        BLOCK as u32,
+        hashes,
+    ))
 }
 
 fn main() {

@@ -46,36 +46,29 @@ fn every_committed_corpus_passes_the_conformance_check() {
 
 #[test]
 fn hash_prints_the_spec_test_vectors() {
-    let out = kvroute(&[
-        "hash",
-        "--algo",
-        "sha256",
-        "--hash-block-size",
-        "16",
-        "--tokens",
-        "0..40",
-    ]);
-    let s = String::from_utf8_lossy(&out.stdout);
-    let values: Vec<&str> = s
-        .lines()
-        .map(|l| l.split('\t').nth(1).unwrap_or_default())
-        .collect();
-    assert_eq!(values, ["3262291359910021016", "7142137847444424233"]);
-    let out = kvroute(&[
-        "hash",
-        "--algo",
-        "sha256_cbor",
-        "--hash-block-size",
-        "16",
-        "--tokens",
-        "0..40",
-    ]);
-    let s = String::from_utf8_lossy(&out.stdout);
-    let values: Vec<&str> = s
-        .lines()
-        .map(|l| l.split('\t').nth(1).unwrap_or_default())
-        .collect();
-    assert_eq!(values, ["2233398808101521225", "17911472383915781900"]);
+    for (algo, want) in [
+        ("sha256", ["3262291359910021016", "7142137847444424233"]),
+        (
+            "sha256_cbor",
+            ["2233398808101521225", "17911472383915781900"],
+        ),
+    ] {
+        let out = kvroute(&[
+            "hash",
+            "--algo",
+            algo,
+            "--hash-block-size",
+            "16",
+            "--tokens",
+            "0..40",
+        ]);
+        let s = String::from_utf8_lossy(&out.stdout);
+        let values: Vec<&str> = s
+            .lines()
+            .map(|l| l.split('\t').nth(1).unwrap_or_default())
+            .collect();
+        assert_eq!(values, want, "{algo}");
+    }
 }
 
 #[test]

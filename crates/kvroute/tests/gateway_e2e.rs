@@ -78,7 +78,18 @@ fn cached(r: &Reply) -> u64 {
         .unwrap()
 }
 
-/// Waits until the gateway's index has seen a worker's events (bounded).
+/// Runs a process to completion off the async runtime.
+async fn run(program: &'static str, args: Vec<String>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(program)
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 /// Waits until the gateway's index has taken in the engines' events: the index stops changing
 /// for 100 ms (bounded at 5 s), so a loaded machine cannot make a prediction race its events.
 async fn settle(gw: &GatewayHandle) {
@@ -467,14 +478,7 @@ chunks = list(c.chat.completions.create(model=model, messages=msgs, max_tokens=6
 assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 print("ok")
 "#;
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .args(["-c", script, &url])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = run("python3", vec!["-c".into(), script.into(), url]).await;
     assert!(
         out.status.success(),
         "{}{}",
@@ -494,14 +498,14 @@ async fn explain_asks_a_running_gateway_for_every_workers_prediction() {
     settle(&gw).await;
     let toks: Vec<String> = p.iter().map(u32::to_string).collect();
     let admin = format!("http://{}", gw.admin_addr);
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
-            .args(["explain", "--gateway", &admin, "--tokens", &toks.join(",")])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let args = vec![
+        "explain".into(),
+        "--gateway".into(),
+        admin,
+        "--tokens".into(),
+        toks.join(","),
+    ];
+    let out = run(env!("CARGO_BIN_EXE_kvroute"), args).await;
     assert!(
         out.status.success(),
         "{}",

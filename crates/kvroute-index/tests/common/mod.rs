@@ -1,7 +1,7 @@
 //! Helpers shared by the index's integration tests: events built from real token chains.
 #![allow(dead_code)]
 
-use kvroute_index::event::{CacheKind, EngineHash, Event, Removed, Stored};
+use kvroute_index::event::{CacheKind, Event, Removed, Stored};
 use kvroute_index::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
 use kvroute_index::BlockExtras;
 
@@ -28,31 +28,18 @@ pub fn store(
     block: u32,
     hashes: &[u64],
 ) -> Event {
-    Event::Stored(Stored {
-        worker: worker.into(),
-        dp_rank: 0,
-        medium: Some("GPU".into()),
-        group: Some(group),
-        kind: Some(CacheKind::parse(kind)),
-        sliding_window: window,
-        block_size: block,
-        parent: None,
-        hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
-        token_ids: Vec::new(),
-        extra_keys: None,
-        lora_id: None,
-        lora_name: None,
-    })
+    Event::Stored(Stored::device(
+        worker,
+        group,
+        CacheKind::parse(kind),
+        window,
+        block,
+        hashes,
+    ))
 }
 
 pub fn remove(worker: &str, group: u32, hashes: &[u64]) -> Event {
-    Event::Removed(Removed {
-        worker: worker.into(),
-        dp_rank: 0,
-        medium: Some("GPU".into()),
-        group: Some(group),
-        hashes: hashes.iter().map(|h| EngineHash::int(*h)).collect(),
-    })
+    Event::Removed(Removed::device(worker, group, hashes))
 }
 
 /// Block hashes of a group whose block is `k` hash blocks, for block indices `blocks`.

@@ -68,6 +68,10 @@ pub fn decide(
     let n = tokens.len() as u64;
     // Best rank per worker: (predicted, rank, junction tokens).
     let mut best: HashMap<&str, (u64, u32, u64)> = HashMap::new();
+    let by_id: HashMap<&str, &str> = workers
+        .iter()
+        .map(|w| (&*w.id, w.spec.name.as_str()))
+        .collect();
     if policy.uses_cache() {
         for p in registry.index.predict_all_detail(&q, Detail::Cached) {
             let v = if policy == PolicyKind::GroupBlind {
@@ -80,10 +84,8 @@ pub fn decide(
             } else {
                 0
             };
-            if let Some(w) = workers.iter().find(|w| w.id == p.worker) {
-                let e = best
-                    .entry(w.spec.name.as_str())
-                    .or_insert((v, p.dp_rank, junction));
+            if let Some(name) = by_id.get(&*p.worker) {
+                let e = best.entry(name).or_insert((v, p.dp_rank, junction));
                 if (v, junction) > (e.0, e.2) {
                     *e = (v, p.dp_rank, junction);
                 }
