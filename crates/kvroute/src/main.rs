@@ -167,6 +167,10 @@ struct DemoArgs {
     /// Also write the table as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write one JSON line per request and policy (worker, predicted and engine-reported
+    /// cached tokens, TTFT, the gateway's decision evidence).
+    #[arg(long)]
+    requests_log: Option<PathBuf>,
     /// Plot path without extension (.svg and .png are written).
     #[arg(long, default_value = "kvroute-demo")]
     plot: PathBuf,
@@ -409,6 +413,7 @@ async fn main() -> Result<()> {
                 max_output: a.max_output,
                 policies: a.policies,
                 json: a.json,
+                requests_log: a.requests_log,
                 plot: a.plot,
                 progress: !a.quiet,
                 lambda: a.lambda,

@@ -39,6 +39,9 @@ pub struct DemoOptions {
     pub max_output: u32,
     pub policies: Vec<PolicyKind>,
     pub json: Option<PathBuf>,
+    /// One JSON line per request and policy: worker, predicted and engine-reported cached
+    /// tokens, TTFT and the gateway's decision evidence.
+    pub requests_log: Option<PathBuf>,
     pub plot: PathBuf,
     pub progress: bool,
     pub lambda: f64,
@@ -66,6 +69,7 @@ impl Default for DemoOptions {
                 PolicyKind::LeastLoad,
             ],
             json: None,
+            requests_log: None,
             plot: PathBuf::from("kvroute-demo"),
             progress: true,
             lambda: 1.0,
@@ -125,6 +129,7 @@ async fn one_request(
     sample.worker = decision
         .as_ref()
         .and_then(|v| v.get("worker").and_then(|w| w.as_str()).map(str::to_string));
+    sample.decision = decision;
     let mut stream = resp.bytes_stream();
     let mut first = true;
     let mut buf = Vec::new();
@@ -177,7 +182,7 @@ async fn replay(
         .unwrap_or_default();
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(requests.len());
-    for req in requests.iter().cloned() {
+    for (index, req) in requests.iter().cloned().enumerate() {
         let at = Duration::from_secs_f64(req.at_ms / 1000.0 / speedup / rate.max(1e-6));
         let client = client.clone();
         let url = url.to_string();
@@ -185,7 +190,8 @@ async fn replay(
         let bar = bar.clone();
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(start + at)).await;
-            let s = one_request(&client, &url, &model, &req, speedup).await;
+            let mut s = one_request(&client, &url, &model, &req, speedup).await;
+            s.index = index;
             bar.inc(1);
             s
         }));
@@ -203,7 +209,7 @@ async fn run_policy(
     policy: PolicyKind,
     requests: &[trace::TraceRequest],
     bar: &indicatif::ProgressBar,
-) -> Result<PolicyResult> {
+) -> Result<(PolicyResult, Vec<Sample>)> {
     let fleet = fleet::start(opts).await?;
     let mut cfg = GatewayConfig {
         listen: "127.0.0.1:0".parse()?,
@@ -239,7 +245,10 @@ async fn run_policy(
         replay(&url, &model, requests, opts.speedup, opts.rate, bar).await;
     gw.shutdown().await;
     fleet.stop().await;
-    Ok(report::summarize(policy.name(), &samples, engine_seconds))
+    Ok((
+        report::summarize(policy.name(), &samples, engine_seconds),
+        samples,
+    ))
 }
 
 pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
@@ -292,8 +301,15 @@ pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
     );
     let requests = Arc::new(requests);
     let mut results = Vec::new();
+    let mut log = Vec::new();
     for p in &opts.policies {
-        results.push(run_policy(&opts, *p, &requests, &bar).await?);
+        let (result, samples) = run_policy(&opts, *p, &requests, &bar).await?;
+        if opts.requests_log.is_some() {
+            for s in &samples {
+                log.extend_from_slice(&report::log_line(p.name(), s)?);
+            }
+        }
+        results.push(result);
     }
     bar.finish_and_clear();
     println!("{}", report::table(&results));
@@ -314,6 +330,10 @@ pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
         std::fs::write(j, serde_json::to_vec_pretty(&results)?)
             .with_context(|| format!("writing {}", j.display()))?;
         println!("json: {}", j.display());
+    }
+    if let Some(path) = &opts.requests_log {
+        std::fs::write(path, &log).with_context(|| format!("writing {}", path.display()))?;
+        println!("requests log: {}", path.display());
     }
     Ok(results)
 }

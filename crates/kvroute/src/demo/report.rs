@@ -10,6 +10,8 @@ use serde::Serialize;
 
 #[derive(Clone, Debug, Default)]
 pub struct Sample {
+    /// The request's position in the replayed trace.
+    pub index: usize,
     pub prompt_tokens: u64,
     pub cached_reported: Option<u64>,
     pub cached_predicted: Option<u64>,
@@ -18,6 +20,25 @@ pub struct Sample {
     pub ok: bool,
     /// The worker the gateway chose.
     pub worker: Option<String>,
+    /// The gateway's `x-kvroute-decision` evidence, as sent.
+    pub decision: Option<serde_json::Value>,
+}
+
+/// One line of the demo's requests log (JSON, newline-terminated).
+pub fn log_line(policy: &str, s: &Sample) -> serde_json::Result<Vec<u8>> {
+    let mut line = serde_json::to_vec(&serde_json::json!({
+        "policy": policy,
+        "index": s.index,
+        "worker": s.worker,
+        "prompt_tokens": s.prompt_tokens,
+        "cached_predicted": s.cached_predicted,
+        "cached_reported": s.cached_reported,
+        "ttft_ms": s.ttft_ms,
+        "ok": s.ok,
+        "decision": s.decision,
+    }))?;
+    line.push(b'\n');
+    Ok(line)
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -154,6 +175,7 @@ mod tests {
                 ttft_ms: 10.0,
                 ok: true,
                 worker: Some("a".into()),
+                ..Sample::default()
             },
             Sample {
                 prompt_tokens: 100,
@@ -162,6 +184,7 @@ mod tests {
                 ttft_ms: 30.0,
                 ok: true,
                 worker: Some("b".into()),
+                ..Sample::default()
             },
             Sample {
                 ok: false,
@@ -176,5 +199,25 @@ mod tests {
         assert_eq!(r.ttft_p50_ms, 30.0);
         assert!((r.throughput_rps - 1.0).abs() < 1e-9);
         assert_eq!(r.per_worker.get("a"), Some(&1));
+    }
+
+    #[test]
+    fn a_requests_log_line_is_one_json_object_per_request() {
+        let s = Sample {
+            index: 7,
+            prompt_tokens: 100,
+            cached_reported: Some(64),
+            cached_predicted: Some(64),
+            worker: Some("w1".into()),
+            decision: Some(serde_json::json!({"worker": "w1"})),
+            ..Sample::default()
+        };
+        let line = log_line("hybrid-aware", &s).unwrap_or_default();
+        assert_eq!(line.last(), Some(&b'\n'));
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
+        assert_eq!(v["policy"], "hybrid-aware");
+        assert_eq!(v["index"], 7);
+        assert_eq!(v["cached_reported"], 64);
+        assert_eq!(v["decision"]["worker"], "w1");
     }
 }

@@ -8,7 +8,7 @@
 //! Must not: send anything upstream.
 
 use super::config::PolicyWeights;
-use super::policy::{rank, Candidate, PolicyKind};
+use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
 use kvroute_index::index::Detail;
 use kvroute_index::rules::GroupEvidence;
@@ -79,8 +79,10 @@ pub fn decide(
             } else {
                 p.cached
             };
+            // Prefix tokens the engine would checkpoint if sent here, before discounting what
+            // another worker can already serve (below).
             let junction = if policy == PolicyKind::HybridAware {
-                p.group_blind.saturating_sub(p.cached)
+                p.group_blind.min(n.saturating_sub(1))
             } else {
                 0
             };
@@ -91,6 +93,10 @@ pub fn decide(
                 }
             }
         }
+    }
+    let fleet_best = best.values().map(|b| b.0).max().unwrap_or(0);
+    for b in best.values_mut() {
+        b.2 = junction_credit(b.2, b.0, fleet_best);
     }
     let cands: Vec<Candidate> = workers
         .iter()

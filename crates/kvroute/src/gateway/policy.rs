@@ -69,9 +69,7 @@ pub struct Candidate {
     pub uncached: u64,
     /// Load in tokens (queued prefill + per-request decode charge).
     pub load: f64,
-    /// Hybrid-aware only: full-attention prefix tokens the engine holds beyond what it will
-    /// serve. Sent there, the request makes vLLM store a junction checkpoint (sparse
-    /// retention), so later requests sharing that prefix can reuse it.
+    /// Hybrid-aware only: the junction tokens credited ([`junction_credit`]).
     #[serde(skip_serializing_if = "is_zero")]
     pub junction: u64,
     /// `uncached + λ·load − μ·junction` (cache policies), `load` (least-load), position
@@ -81,6 +79,16 @@ pub struct Candidate {
 
 fn is_zero(x: &u64) -> bool {
     *x == 0
+}
+
+/// The junction tokens a hybrid-aware candidate is credited with: the full-attention prefix it
+/// holds (`group_blind`) beyond both what it will serve (`cached`) and what the best worker of
+/// the fleet already serves (`fleet_best`). Sent there, the request makes vLLM checkpoint that
+/// prefix (`shared_prefix_boundary`), so later requests sharing it reuse it — worth something
+/// only where no worker can serve it yet. A worker that merely lost state another worker still
+/// holds earns nothing, so the one that can serve it now wins.
+pub fn junction_credit(group_blind: u64, cached: u64, fleet_best: u64) -> u64 {
+    group_blind.saturating_sub(cached.max(fleet_best))
 }
 
 /// Ranks candidates best first. `rr` is the round-robin counter for this request.
@@ -220,6 +228,23 @@ mod tests {
             rank(PolicyKind::HybridAware, vec![b, loaded], &with, 0)[0].worker,
             "a"
         );
+    }
+
+    #[test]
+    fn a_worker_that_lost_state_another_worker_holds_earns_no_junction_credit() {
+        // "a" holds the full-attention prefix (900) but lost its Mamba state; "b" serves 900.
+        let fleet_best = 900;
+        assert_eq!(junction_credit(900, 0, fleet_best), 0);
+        assert_eq!(junction_credit(900, 900, fleet_best), 0);
+        let mut a = c("a", 0, 1000, 0.0);
+        a.junction = junction_credit(900, 0, fleet_best);
+        let b = c("b", 900, 1000, 50.0);
+        let r = rank(PolicyKind::HybridAware, vec![a, b], &w(1.0), 0);
+        assert_eq!(r[0].worker, "b");
+        // Where nobody serves the prefix yet, the checkpoint to be is credited in full...
+        assert_eq!(junction_credit(900, 0, 0), 900);
+        // ...and beyond the fleet's best only.
+        assert_eq!(junction_credit(900, 100, 400), 500);
     }
 
     #[test]
