@@ -6,7 +6,8 @@
 //! `predict`. `predict` asks kvroute for `cached` and `group_blind` (`Detail::Cached`, what routing
 //! uses; ChainIndex answers one prefix length per worker); `predict-evidence` adds each group's
 //! own length (`explain`); `predict-hashing` is `predict_all_detail` with its SHA-256 of the
-//! request. All for context beside `predict`. Per-block figures are derived in docs/benchmarks.md.
+//! request; `predict-miss` (1 group) asks for a request no worker holds, the fixed cost per
+//! (worker, rank). All for context beside `predict`. Per-block figures are derived in docs/benchmarks.md.
 
 mod common;
 
@@ -137,6 +138,17 @@ fn benches(c: &mut Criterion) {
                 })
             });
             if layout == Layout::Full {
+                // A request no worker holds any block of: the fixed cost per (worker, rank).
+                let miss: Vec<u64> = f.request_chain.iter().map(|h| h ^ 0x5555).collect();
+                c.bench_function(&id("predict-miss", &f, "kvroute", layout), |b| {
+                    b.iter(|| {
+                        index.predict_all_with_chain(
+                            f.request.len(),
+                            black_box(&miss),
+                            Detail::Cached,
+                        )
+                    })
+                });
                 let q = Query {
                     tokens: f.request.clone(),
                     ..Query::default()

@@ -156,7 +156,7 @@ struct DemoArgs {
     )]
     policies: Vec<PolicyKind>,
     /// λ in `uncached + λ·load − μ·junction`.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 0.25)]
     lambda: f64,
     /// μ: credit per full-attention prefix token beyond the hit (a junction checkpoint to be).
     #[arg(long, default_value_t = 1.0)]

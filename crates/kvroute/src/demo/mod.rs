@@ -72,7 +72,7 @@ impl Default for DemoOptions {
             requests_log: None,
             plot: PathBuf::from("kvroute-demo"),
             progress: true,
-            lambda: 1.0,
+            lambda: 0.25,
             junction_weight: 1.0,
             rate: 1.0,
         }

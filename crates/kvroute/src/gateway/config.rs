@@ -180,11 +180,13 @@ impl WorkerSpec {
     }
 }
 
-/// Weights of the routing cost `uncached + lambda * load` (all in tokens).
+/// Weights of the routing cost `expected_uncached + lambda * load - junction * credit` (tokens).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyWeights {
-    /// λ: how many tokens of extra prefill one token of queued load is worth.
+    /// λ: how many tokens of extra prefill one token of queued load is worth. Below 1 the
+    /// router keeps prefixes together until load differences grow large: on the bundled trace
+    /// 0.25 gave 1–3 points more reuse than 1 with the same or better TTFT (README).
     #[serde(default = "default_lambda")]
     pub lambda: f64,
     /// Load tokens charged per in-flight request (its decode work).
@@ -202,7 +204,7 @@ fn default_junction() -> f64 {
 }
 
 fn default_lambda() -> f64 {
-    1.0
+    0.25
 }
 fn default_request_tokens() -> f64 {
     64.0

@@ -10,6 +10,7 @@ pub mod config;
 pub mod decide;
 pub mod health;
 pub mod metrics;
+pub mod pending;
 pub mod policy;
 pub mod proxy;
 pub mod registry;

@@ -67,14 +67,30 @@ pub struct Candidate {
     pub predicted_cached: u64,
     /// Prompt tokens minus `predicted_cached`.
     pub uncached: u64,
+    /// Hybrid-aware only: cached tokens beyond `predicted_cached` that the worker will serve
+    /// once the prompts already in flight on it are stored (their checkpoints).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub forecast_cached: u64,
     /// Load in tokens (queued prefill + per-request decode charge).
     pub load: f64,
     /// Hybrid-aware only: the junction tokens credited ([`junction_credit`]).
     #[serde(skip_serializing_if = "is_zero")]
     pub junction: u64,
-    /// `uncached + λ·load − μ·junction` (cache policies), `load` (least-load), position
-    /// (round-robin).
+    /// `expected_uncached + λ·load − μ·junction` (cache policies), `load` (least-load),
+    /// position (round-robin).
     pub cost: f64,
+    /// Where the engine will checkpoint this prompt if sent here (its last aligned position
+    /// and its junction); recorded as in flight on the chosen worker.
+    #[serde(skip)]
+    pub checkpoints: [u64; 2],
+}
+
+impl Candidate {
+    /// The prefill this request will cost here: `uncached` less what the in-flight prompts
+    /// ahead of it will have stored by the time it is scheduled.
+    pub fn expected_uncached(&self) -> u64 {
+        self.uncached.saturating_sub(self.forecast_cached)
+    }
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -120,7 +136,8 @@ pub fn rank(
         }
         PolicyKind::HybridAware | PolicyKind::GroupBlind => {
             for c in cands.iter_mut() {
-                c.cost = c.uncached as f64 + lambda * c.load - weights.junction * c.junction as f64;
+                c.cost = c.expected_uncached() as f64 + lambda * c.load
+                    - weights.junction * c.junction as f64;
             }
         }
     }
@@ -142,9 +159,11 @@ mod tests {
             worker: w.into(),
             predicted_cached: cached,
             uncached: n - cached,
+            forecast_cached: 0,
             load,
             junction: 0,
             cost: 0.0,
+            checkpoints: [0, 0],
         }
     }
 

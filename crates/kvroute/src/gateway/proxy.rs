@@ -163,6 +163,7 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         .with_label_values(&[policy.name()])
         .observe(ranked.decision.decision_us as f64 / 1e6);
 
+    let prompt: Arc<[u32]> = tokens.as_slice().into();
     let mut last_err = String::new();
     for (attempt, worker) in ranked.order.iter().take(2).enumerate() {
         let cand = ranked
@@ -171,11 +172,27 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
             .iter()
             .find(|c| c.worker == worker.spec.name);
         let predicted = cand.map_or(0, |c| c.predicted_cached);
-        let uncached = cand.map_or(tokens.len() as u64, |c| c.uncached);
+        let uncached = cand.map_or(tokens.len() as u64, |c| c.expected_uncached());
+        let in_flight = match cand {
+            Some(c) if policy == super::policy::PolicyKind::HybridAware => {
+                Some((prompt.clone(), c.checkpoints))
+            }
+            _ => None,
+        };
         let mut decision = ranked.decision.clone();
         decision.worker = worker.spec.name.clone();
         decision.predicted_cached = predicted;
-        match forward(st, worker, ep, raw.clone(), stream, uncached, predicted).await {
+        match forward(
+            st,
+            worker,
+            ep,
+            raw.clone(),
+            stream,
+            (uncached, in_flight),
+            predicted,
+        )
+        .await
+        {
             Ok(mut resp) => {
                 st.metrics
                     .decisions
@@ -254,6 +271,9 @@ async fn tokenize(
     Err(last)
 }
 
+/// The prompt and its checkpoints, recorded as in flight on the worker while it runs.
+type InFlight = (Arc<[u32]>, [u64; 2]);
+
 struct UpstreamError {
     message: String,
     /// Nothing reached the client yet.
@@ -266,10 +286,13 @@ async fn forward(
     ep: Endpoint,
     body: Bytes,
     stream: bool,
-    uncached: u64,
+    (uncached, in_flight): (u64, Option<InFlight>),
     predicted: u64,
 ) -> Result<Response, UpstreamError> {
     let mut guard = LoadGuard::new(worker.clone(), uncached);
+    if let Some((prompt, checkpoints)) = in_flight {
+        guard = guard.with_prompt(prompt, checkpoints);
+    }
     let started = Instant::now();
     let url = format!("{}{}", worker.spec.url.trim_end_matches('/'), ep.path());
     let resp = st

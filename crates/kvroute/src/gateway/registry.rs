@@ -8,6 +8,7 @@
 //! Must not: choose workers (policy does) or proxy requests.
 
 use super::config::WorkerSpec;
+use super::pending::Pending;
 use kvroute_index::{Event, Index, WorkerId};
 use kvroute_wire::{
     spawn_subscription, Dialect, EventSink, RankHealth, SubscriptionConfig, SubscriptionHandle,
@@ -48,6 +49,8 @@ pub struct Worker {
     pub consecutive_failures: AtomicU32,
     pub next_check: Mutex<Instant>,
     pub subscriptions: Mutex<Vec<SubscriptionHandle>>,
+    /// Prompts in flight on this worker (what it is about to cache).
+    pub pending: Pending,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -79,6 +82,7 @@ impl Worker {
             consecutive_failures: AtomicU32::new(0),
             next_check: Mutex::new(Instant::now()),
             subscriptions: Mutex::new(Vec::new()),
+            pending: Pending::default(),
         }
     }
 
@@ -127,11 +131,12 @@ impl Worker {
     }
 }
 
-/// Holds a request's share of a worker's load until dropped.
+/// Holds a request's share of a worker's load (and its in-flight prompt) until dropped.
 pub struct LoadGuard {
     worker: Arc<Worker>,
     prefill: u64,
     prefill_released: bool,
+    pending: Option<u64>,
 }
 
 impl LoadGuard {
@@ -142,7 +147,14 @@ impl LoadGuard {
             worker,
             prefill,
             prefill_released: false,
+            pending: None,
         }
+    }
+
+    /// Also records the prompt as in flight on the worker until the guard drops.
+    pub fn with_prompt(mut self, tokens: Arc<[u32]>, checkpoints: [u64; 2]) -> LoadGuard {
+        self.pending = Some(self.worker.pending.add(tokens, checkpoints));
+        self
     }
     /// The first byte came back: the prefill is done.
     pub fn prefill_done(&mut self) {
@@ -158,6 +170,9 @@ impl LoadGuard {
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.prefill_done();
+        if let Some(id) = self.pending.take() {
+            self.worker.pending.remove(id);
+        }
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
