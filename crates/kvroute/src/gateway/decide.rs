@@ -8,7 +8,7 @@
 //! Must not: send anything upstream.
 
 use super::config::PolicyWeights;
-use super::pending::{prompt_checkpoint, Forecast};
+use super::pending::{chunk_keys, prompt_checkpoint, Forecast};
 use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
 use kvroute_index::index::Detail;
@@ -43,6 +43,8 @@ struct Plan {
 
 pub struct Ranked {
     pub order: Vec<Arc<Worker>>,
+    /// The request's chunk keys (hybrid-aware only; empty otherwise), for the in-flight record.
+    pub keys: Arc<[u64]>,
     pub decision: Decision,
 }
 
@@ -108,6 +110,11 @@ pub fn decide(
     // Hybrid-aware: what each worker will hold once its in-flight prompts are stored, and the
     // junction credit on top of the best the fleet can serve (now or once those are stored).
     let mut plans: HashMap<&str, Plan> = HashMap::new();
+    let keys = if hybrid {
+        chunk_keys(tokens, &q.extras)
+    } else {
+        Arc::from(Vec::new())
+    };
     if hybrid {
         for w in workers {
             let name = w.spec.name.as_str();
@@ -115,7 +122,7 @@ pub fn decide(
                 continue;
             };
             let f = if align > 0 {
-                w.pending.forecast(tokens, align, dense)
+                w.pending.forecast(&keys, n, align, dense)
             } else {
                 Forecast::default()
             };
@@ -181,6 +188,7 @@ pub fn decide(
     };
     Ranked {
         order,
+        keys,
         decision: Decision {
             policy: policy.name(),
             worker: first.as_ref().map(|c| c.worker.clone()).unwrap_or_default(),
@@ -238,8 +246,8 @@ mod tests {
         // layout is known) is still prefilling the whole prompt.
         store(&registry, "a", &prompt[..64]);
         store(&registry, "b", &[7; 32]);
-        let _in_flight =
-            LoadGuard::new(workers[1].clone(), 200).with_prompt(prompt.as_slice().into(), [192, 0]);
+        let _in_flight = LoadGuard::new(workers[1].clone(), 200)
+            .with_prompt(chunk_keys(&prompt, &BlockExtras::default()), [192, 0]);
         let mut sibling = prompt[..190].to_vec();
         sibling.extend(900..950);
         let weights = PolicyWeights {
@@ -258,8 +266,9 @@ mod tests {
             d.predicted_cached, 0,
             "the reported prediction stays the index's"
         );
-        assert_eq!(d.candidates[0].forecast_cached, 176);
-        assert_eq!(d.candidates[0].expected_uncached(), 240 - 176);
+        // The shared 190 tokens hold two full 64-token chunks: 128 forecast on "b".
+        assert_eq!(d.candidates[0].forecast_cached, 128);
+        assert_eq!(d.candidates[0].expected_uncached(), 240 - 128);
         // Group-blind, like other routers, sees only what is stored.
         assert_eq!(run(PolicyKind::GroupBlind).worker, "a");
     }

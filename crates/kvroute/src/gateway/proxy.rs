@@ -163,7 +163,6 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         .with_label_values(&[policy.name()])
         .observe(ranked.decision.decision_us as f64 / 1e6);
 
-    let prompt: Arc<[u32]> = tokens.as_slice().into();
     let mut last_err = String::new();
     for (attempt, worker) in ranked.order.iter().take(2).enumerate() {
         let cand = ranked
@@ -175,7 +174,7 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         let uncached = cand.map_or(tokens.len() as u64, |c| c.expected_uncached());
         let in_flight = match cand {
             Some(c) if policy == super::policy::PolicyKind::HybridAware => {
-                Some((prompt.clone(), c.checkpoints))
+                Some((ranked.keys.clone(), c.checkpoints))
             }
             _ => None,
         };
@@ -271,8 +270,8 @@ async fn tokenize(
     Err(last)
 }
 
-/// The prompt and its checkpoints, recorded as in flight on the worker while it runs.
-type InFlight = (Arc<[u32]>, [u64; 2]);
+/// The prompt's chunk keys and checkpoints, recorded as in flight on the worker while it runs.
+type InFlight = (Arc<[u64]>, [u64; 2]);
 
 struct UpstreamError {
     message: String,

@@ -152,8 +152,8 @@ impl LoadGuard {
     }
 
     /// Also records the prompt as in flight on the worker until the guard drops.
-    pub fn with_prompt(mut self, tokens: Arc<[u32]>, checkpoints: [u64; 2]) -> LoadGuard {
-        self.pending = Some(self.worker.pending.add(tokens, checkpoints));
+    pub fn with_prompt(mut self, keys: Arc<[u64]>, checkpoints: [u64; 2]) -> LoadGuard {
+        self.pending = Some(self.worker.pending.add(keys, checkpoints));
         self
     }
     /// The first byte came back: the prefill is done.
