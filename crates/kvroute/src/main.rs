@@ -164,6 +164,10 @@ struct DemoArgs {
     /// Arrivals this many times denser than the trace's (more load in engine time).
     #[arg(long, default_value_t = 1.0)]
     rate: f64,
+    /// Runs per policy (fresh fleets, policies interleaved): the table shows the means and how
+    /// far the runs moved.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Also write the table as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -419,6 +423,7 @@ async fn main() -> Result<()> {
                 lambda: a.lambda,
                 junction_weight: a.junction_weight,
                 rate: a.rate,
+                repeat: a.repeat,
             };
             kvroute::demo::run(opts).await.map(|_| ())
         }

@@ -48,6 +48,9 @@ pub struct DemoOptions {
     pub junction_weight: f64,
     /// Arrivals this many times denser than the trace's (load in engine time).
     pub rate: f64,
+    /// Runs per policy (fresh fleet each time, policies interleaved); the table shows means
+    /// and the range.
+    pub repeat: usize,
 }
 
 impl Default for DemoOptions {
@@ -75,6 +78,7 @@ impl Default for DemoOptions {
             lambda: 0.25,
             junction_weight: 1.0,
             rate: 1.0,
+            repeat: 1,
         }
     }
 }
@@ -273,7 +277,7 @@ pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
     };
     let requests = trace::requests(&lines, &shape);
     anyhow::ensure!(!requests.is_empty(), "{origin}: no request selected");
-    let total = requests.len() as u64 * opts.policies.len() as u64;
+    let total = requests.len() as u64 * opts.policies.len() as u64 * opts.repeat.max(1) as u64;
     let bar = if opts.progress {
         indicatif::ProgressBar::new(total)
     } else {
@@ -300,17 +304,21 @@ pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
         opts.speedup
     );
     let requests = Arc::new(requests);
-    let mut results = Vec::new();
+    let rounds = opts.repeat.max(1);
+    let mut runs: Vec<Vec<PolicyResult>> = vec![Vec::new(); opts.policies.len()];
     let mut log = Vec::new();
-    for p in &opts.policies {
-        let (result, samples) = run_policy(&opts, *p, &requests, &bar).await?;
-        if opts.requests_log.is_some() {
-            for s in &samples {
-                log.extend_from_slice(&report::log_line(p.name(), s)?);
+    for round in 0..rounds {
+        for (p, out) in opts.policies.iter().zip(runs.iter_mut()) {
+            let (result, samples) = run_policy(&opts, *p, &requests, &bar).await?;
+            if opts.requests_log.is_some() {
+                for s in &samples {
+                    log.extend_from_slice(&report::log_line(p.name(), round, s)?);
+                }
             }
+            out.push(result);
         }
-        results.push(result);
     }
+    let results: Vec<PolicyResult> = runs.iter().filter_map(|r| report::combine(r)).collect();
     bar.finish_and_clear();
     println!("{}", report::table(&results));
     let title = format!(

@@ -25,9 +25,10 @@ pub struct Sample {
 }
 
 /// One line of the demo's requests log (JSON, newline-terminated).
-pub fn log_line(policy: &str, s: &Sample) -> serde_json::Result<Vec<u8>> {
+pub fn log_line(policy: &str, run: usize, s: &Sample) -> serde_json::Result<Vec<u8>> {
     let mut line = serde_json::to_vec(&serde_json::json!({
         "policy": policy,
+        "run": run,
         "index": s.index,
         "worker": s.worker,
         "prompt_tokens": s.prompt_tokens,
@@ -56,6 +57,70 @@ pub struct PolicyResult {
     pub failed: usize,
     /// Requests per worker (how the policy spread the load).
     pub per_worker: std::collections::BTreeMap<String, usize>,
+    /// With `--repeat`: the range over the runs (the figures above are their means).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
+}
+
+/// How far repeated runs of one policy moved.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Spread {
+    pub runs: usize,
+    pub reuse_min: f64,
+    pub reuse_max: f64,
+    pub ttft_p50_ms_min: f64,
+    pub ttft_p50_ms_max: f64,
+    pub ttft_p99_ms_min: f64,
+    pub ttft_p99_ms_max: f64,
+}
+
+fn range(runs: &[PolicyResult], f: impl Fn(&PolicyResult) -> f64) -> (f64, f64) {
+    runs.iter()
+        .map(f)
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        })
+}
+
+/// One policy's repeated runs as one result: the means of the rates and times, the sums of
+/// the counts, and the range each figure moved over. A single run is returned as it is.
+pub fn combine(runs: &[PolicyResult]) -> Option<PolicyResult> {
+    let first = runs.first()?;
+    if runs.len() == 1 {
+        return Some(first.clone());
+    }
+    let k = runs.len() as f64;
+    let mean = |f: &dyn Fn(&PolicyResult) -> f64| runs.iter().map(f).sum::<f64>() / k;
+    let mut per_worker = std::collections::BTreeMap::new();
+    for r in runs {
+        for (w, n) in &r.per_worker {
+            *per_worker.entry(w.clone()).or_insert(0) += n;
+        }
+    }
+    let (reuse_min, reuse_max) = range(runs, |r| r.reuse);
+    let (ttft_p50_ms_min, ttft_p50_ms_max) = range(runs, |r| r.ttft_p50_ms);
+    let (ttft_p99_ms_min, ttft_p99_ms_max) = range(runs, |r| r.ttft_p99_ms);
+    Some(PolicyResult {
+        policy: first.policy.clone(),
+        reuse: mean(&|r| r.reuse),
+        prediction_error: mean(&|r| r.prediction_error),
+        prediction_exact: mean(&|r| r.prediction_exact),
+        ttft_p50_ms: mean(&|r| r.ttft_p50_ms),
+        ttft_p99_ms: mean(&|r| r.ttft_p99_ms),
+        throughput_rps: mean(&|r| r.throughput_rps),
+        requests: runs.iter().map(|r| r.requests).sum(),
+        failed: runs.iter().map(|r| r.failed).sum(),
+        per_worker,
+        spread: Some(Spread {
+            runs: runs.len(),
+            reuse_min,
+            reuse_max,
+            ttft_p50_ms_min,
+            ttft_p50_ms_max,
+            ttft_p99_ms_min,
+            ttft_p99_ms_max,
+        }),
+    })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -115,6 +180,7 @@ pub fn summarize(policy: &str, samples: &[Sample], engine_seconds: f64) -> Polic
                 m
             },
         ),
+        spread: None,
     }
 }
 
@@ -145,6 +211,21 @@ pub fn table(results: &[PolicyResult]) -> String {
             r.requests,
             r.failed
         ));
+    }
+    for r in results {
+        if let Some(sp) = &r.spread {
+            s.push_str(&format!(
+                "{:<14} over {} runs: reuse {:.1}–{:.1}%, ttft p50 {:.1}–{:.1} ms, p99 {:.1}–{:.1} ms\n",
+                r.policy,
+                sp.runs,
+                sp.reuse_min * 100.0,
+                sp.reuse_max * 100.0,
+                sp.ttft_p50_ms_min,
+                sp.ttft_p50_ms_max,
+                sp.ttft_p99_ms_min,
+                sp.ttft_p99_ms_max
+            ));
+        }
     }
     for r in results {
         let spread: Vec<String> = r
@@ -212,12 +293,49 @@ mod tests {
             decision: Some(serde_json::json!({"worker": "w1"})),
             ..Sample::default()
         };
-        let line = log_line("hybrid-aware", &s).unwrap_or_default();
+        let line = log_line("hybrid-aware", 2, &s).unwrap_or_default();
         assert_eq!(line.last(), Some(&b'\n'));
         let v: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
         assert_eq!(v["policy"], "hybrid-aware");
         assert_eq!(v["index"], 7);
+        assert_eq!(v["run"], 2);
         assert_eq!(v["cached_reported"], 64);
         assert_eq!(v["decision"]["worker"], "w1");
+    }
+
+    #[test]
+    fn repeated_runs_combine_into_means_sums_and_ranges() {
+        let run = |reuse: f64, p50: f64, n: usize| PolicyResult {
+            policy: "p".into(),
+            reuse,
+            prediction_error: 0.0,
+            prediction_exact: 1.0,
+            ttft_p50_ms: p50,
+            ttft_p99_ms: 2.0 * p50,
+            throughput_rps: 1.0,
+            requests: n,
+            failed: 1,
+            per_worker: [("w0".to_string(), n)].into_iter().collect(),
+            spread: None,
+        };
+        let one = run(0.4, 30.0, 10);
+        assert_eq!(
+            combine(std::slice::from_ref(&one)).map(|r| r.spread),
+            Some(None)
+        );
+        assert!(combine(&[]).is_none());
+        let c = combine(&[run(0.4, 30.0, 10), run(0.5, 40.0, 10)]).unwrap_or(one);
+        assert!((c.reuse - 0.45).abs() < 1e-9);
+        assert!((c.ttft_p50_ms - 35.0).abs() < 1e-9);
+        assert_eq!((c.requests, c.failed), (20, 2));
+        assert_eq!(c.per_worker.get("w0"), Some(&20));
+        let sp = c
+            .spread
+            .clone()
+            .unwrap_or_else(|| panic!("a spread for two runs"));
+        assert_eq!(sp.runs, 2);
+        assert_eq!((sp.reuse_min, sp.reuse_max), (0.4, 0.5));
+        assert_eq!((sp.ttft_p99_ms_min, sp.ttft_p99_ms_max), (60.0, 80.0));
+        assert!(table(&[c]).contains("over 2 runs: reuse 40.0–50.0%"));
     }
 }
