@@ -155,7 +155,7 @@ struct DemoArgs {
         value_delimiter = ','
     )]
     policies: Vec<PolicyKind>,
-    /// λ in `uncached + λ·load − μ·junction`.
+    /// λ in `expected_uncached + λ·load − μ·junction`.
     #[arg(long, default_value_t = 0.25)]
     lambda: f64,
     /// μ: credit per full-attention prefix token beyond the hit (a junction checkpoint to be).
@@ -197,7 +197,7 @@ struct ServeArgs {
     /// hybrid-aware | group-blind | round-robin | least-load
     #[arg(long)]
     policy: Option<PolicyKind>,
-    /// λ in `uncached + λ·load − μ·junction`.
+    /// λ in `expected_uncached + λ·load − μ·junction`.
     #[arg(long)]
     lambda: Option<f64>,
     /// μ: credit per full-attention prefix token beyond the hit (hybrid-aware).

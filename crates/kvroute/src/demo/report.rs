@@ -215,7 +215,7 @@ pub fn table(results: &[PolicyResult]) -> String {
     for r in results {
         if let Some(sp) = &r.spread {
             s.push_str(&format!(
-                "{:<14} over {} runs: reuse {:.1}–{:.1}%, ttft p50 {:.1}–{:.1} ms, p99 {:.1}–{:.1} ms\n",
+                "{:<14} over {} runs (means; counts summed): reuse {:.1}–{:.1}%, ttft p50 {:.1}–{:.1} ms, p99 {:.1}–{:.1} ms\n",
                 r.policy,
                 sp.runs,
                 sp.reuse_min * 100.0,
@@ -336,6 +336,6 @@ mod tests {
         assert_eq!(sp.runs, 2);
         assert_eq!((sp.reuse_min, sp.reuse_max), (0.4, 0.5));
         assert_eq!((sp.ttft_p99_ms_min, sp.ttft_p99_ms_max), (60.0, 80.0));
-        assert!(table(&[c]).contains("over 2 runs: reuse 40.0–50.0%"));
+        assert!(table(&[c]).contains("summed): reuse 40.0–50.0%"));
     }
 }

@@ -193,7 +193,7 @@ pub struct PolicyWeights {
     #[serde(default = "default_request_tokens")]
     pub tokens_per_request: f64,
     /// μ: credit per full-attention prefix token a worker holds beyond what it will serve and
-    /// what the fleet's best worker serves now (routing there makes the engine store a
+    /// what the fleet's best worker serves, counting in-flight prompts (routing there makes the engine store a
     /// junction checkpoint that later requests sharing the prefix reuse). Hybrid-aware only.
     #[serde(default = "default_junction")]
     pub junction: f64,

@@ -8,7 +8,7 @@
 //! Must not: send anything upstream.
 
 use super::config::PolicyWeights;
-use super::pending::{chunk_keys, prompt_checkpoint, Forecast};
+use super::pending::{prompt_checkpoint, Forecast, Prompt};
 use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
 use kvroute_index::index::Detail;
@@ -43,8 +43,8 @@ struct Plan {
 
 pub struct Ranked {
     pub order: Vec<Arc<Worker>>,
-    /// The request's chunk keys (hybrid-aware only; empty otherwise), for the in-flight record.
-    pub keys: Arc<[u64]>,
+    /// The request as recorded in flight on the chosen worker (hybrid-aware only).
+    pub prompt: Option<Prompt>,
     pub decision: Decision,
 }
 
@@ -80,8 +80,9 @@ pub fn decide(
         skip_prefix_cache,
     };
     let n = tokens.len() as u64;
-    // Best rank per worker: (predicted, rank, full-attention prefix, alignment, single group).
-    let mut best: HashMap<&str, (u64, u32, u64, u64, bool)> = HashMap::new();
+    // Best rank per worker: (predicted, rank, full-attention prefix, alignment, single group,
+    // EAGLE drop).
+    let mut best: HashMap<&str, (u64, u32, u64, u64, bool, bool)> = HashMap::new();
     let by_id: HashMap<&str, &str> = workers
         .iter()
         .map(|w| (&*w.id, w.spec.name.as_str()))
@@ -97,12 +98,12 @@ pub fn decide(
             };
             let align = p.params.map_or(0, |x| u64::from(x.align));
             let dense = p.params.is_some_and(|x| x.unitary);
+            let eagle = p.params.is_some_and(|x| x.eagle);
             if let Some(name) = by_id.get(&*p.worker) {
-                let e = best
-                    .entry(name)
-                    .or_insert((v, p.dp_rank, blind, align, dense));
+                let row = (v, p.dp_rank, blind, align, dense, eagle);
+                let e = best.entry(name).or_insert(row);
                 if (v, blind) > (e.0, e.2) {
-                    *e = (v, p.dp_rank, blind, align, dense);
+                    *e = row;
                 }
             }
         }
@@ -110,22 +111,23 @@ pub fn decide(
     // Hybrid-aware: what each worker will hold once its in-flight prompts are stored, and the
     // junction credit on top of the best the fleet can serve (now or once those are stored).
     let mut plans: HashMap<&str, Plan> = HashMap::new();
-    let keys = if hybrid {
-        chunk_keys(tokens, &q.extras)
-    } else {
-        Arc::from(Vec::new())
-    };
-    if hybrid {
+    let prompt = hybrid.then(|| Prompt::new(tokens, &q.extras));
+    if let Some(prompt) = &prompt {
         for w in workers {
             let name = w.spec.name.as_str();
-            let Some(&(cached, _, blind, align, dense)) = best.get(name) else {
+            let Some(&(cached, _, blind, align, dense, eagle)) = best.get(name) else {
                 continue;
             };
-            let f = if align > 0 {
-                w.pending.forecast(&keys, n, align, dense)
+            // A request that skips the prefix cache reuses nothing, whatever is in flight.
+            let mut f = if align > 0 && !skip_prefix_cache {
+                w.pending.forecast(prompt, align, dense)
             } else {
                 Forecast::default()
             };
+            if eagle && f.cached > 0 {
+                // The engine drops one unit of a hit to re-verify it (as the index does).
+                f.cached = (f.cached - align) / align * align;
+            }
             plans.insert(
                 name,
                 Plan {
@@ -188,7 +190,7 @@ pub fn decide(
     };
     Ranked {
         order,
-        keys,
+        prompt,
         decision: Decision {
             policy: policy.name(),
             worker: first.as_ref().map(|c| c.worker.clone()).unwrap_or_default(),
@@ -212,6 +214,25 @@ mod tests {
     use kvroute_index::Index;
 
     fn store(registry: &Registry, worker: &str, tokens: &[u32]) {
+        store_group(
+            registry,
+            worker,
+            0,
+            CacheKind::FullAttention,
+            tokens,
+            |_| true,
+        );
+    }
+
+    /// Stores the full blocks of `tokens` in one group, those whose index `keep` accepts.
+    fn store_group(
+        registry: &Registry,
+        worker: &str,
+        group: u32,
+        kind: CacheKind,
+        tokens: &[u32],
+        keep: impl Fn(usize) -> bool,
+    ) {
         let hashes: Vec<u64> = block_hashes(
             HashAlgo::Sha256,
             DEFAULT_SEED,
@@ -220,34 +241,110 @@ mod tests {
             &BlockExtras::default(),
         )
         .iter()
+        .filter(|(i, _, _)| keep(*i))
         .map(|(_, h, _)| *h)
         .collect();
         registry.index.apply(&Event::Stored(Stored::device(
-            worker,
-            0,
-            CacheKind::FullAttention,
-            None,
-            16,
-            &hashes,
+            worker, group, kind, None, 16, &hashes,
         )));
+    }
+
+    fn fleet(names: &[&str]) -> (Registry, Vec<Arc<Worker>>) {
+        let registry = Registry::new(Arc::new(Index::new()));
+        let mut workers = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let mut spec = WorkerSpec::new(name, &format!("http://127.0.0.1:{}", i + 1), "m");
+            spec.hash_algo = "sha256".into();
+            workers.push(registry.add(spec).expect("valid spec"));
+        }
+        (registry, workers)
+    }
+
+    #[test]
+    fn on_a_hybrid_layout_a_sibling_is_forecast_the_in_flight_prompts_checkpoint() {
+        let (registry, workers) = fleet(&["a", "b"]);
+        // Both workers run full attention + Mamba (block 16) and hold something unrelated.
+        for w in ["a", "b"] {
+            store_group(&registry, w, 0, CacheKind::FullAttention, &[7; 64], |_| {
+                true
+            });
+            store_group(&registry, w, 1, CacheKind::Mamba, &[7; 64], |i| i == 3);
+        }
+        let weights = PolicyWeights::default();
+        let run = |tokens: &[u32]| {
+            decide(
+                &registry,
+                &workers,
+                tokens,
+                None,
+                false,
+                PolicyKind::HybridAware,
+                &weights,
+                0,
+                false,
+            )
+        };
+        // The first prompt goes to "a" (a tie, broken by name); its checkpoints are what the
+        // gateway records in flight there.
+        let first: Vec<u32> = (1..=200).collect();
+        let r = run(&first);
+        assert_eq!(r.decision.worker, "a");
+        let chosen = &r.decision.candidates[0];
+        assert_eq!(chosen.checkpoints, [192, 0]);
+        let _in_flight = LoadGuard::new(workers[0].clone(), chosen.expected_uncached())
+            .with_prompt(
+                r.prompt.as_ref().expect("hybrid-aware keeps the prompt"),
+                chosen.checkpoints,
+            );
+        // A sibling sharing 195 tokens will be served from the checkpoint at 192 on "a".
+        let mut sibling = first[..195].to_vec();
+        sibling.extend(900..950);
+        let d = run(&sibling).decision;
+        assert_eq!(d.worker, "a");
+        assert_eq!(
+            (
+                d.candidates[0].predicted_cached,
+                d.candidates[0].forecast_cached
+            ),
+            (0, 192)
+        );
+        // A branch at 100 shares 64 tokens of full-attention prefix but no state: no forecast,
+        // only the junction credit for the prefix "a" will hold.
+        let mut branch = first[..100].to_vec();
+        branch.extend(900..950);
+        let d = run(&branch).decision;
+        let a = d
+            .candidates
+            .iter()
+            .find(|c| c.worker == "a")
+            .expect("a is a candidate");
+        assert_eq!((a.forecast_cached, a.junction), (0, 64));
+        // A request that skips the prefix cache is forecast nothing.
+        let d = decide(
+            &registry,
+            &workers,
+            &sibling,
+            None,
+            true,
+            PolicyKind::HybridAware,
+            &weights,
+            0,
+            false,
+        )
+        .decision;
+        assert!(d.candidates.iter().all(|c| c.forecast_cached == 0));
     }
 
     #[test]
     fn a_sibling_follows_its_prefix_to_the_worker_still_prefilling_it() {
-        let registry = Registry::new(Arc::new(Index::new()));
-        let mut workers = Vec::new();
-        for (name, port) in [("a", 1), ("b", 2)] {
-            let mut spec = WorkerSpec::new(name, &format!("http://127.0.0.1:{port}"), "m");
-            spec.hash_algo = "sha256".into();
-            workers.push(registry.add(spec).expect("valid spec"));
-        }
+        let (registry, workers) = fleet(&["a", "b"]);
         let prompt: Vec<u32> = (1..=200).collect();
         // "a" has stored the prompt's first 64 tokens; "b" (which holds something else, so its
         // layout is known) is still prefilling the whole prompt.
         store(&registry, "a", &prompt[..64]);
         store(&registry, "b", &[7; 32]);
         let _in_flight = LoadGuard::new(workers[1].clone(), 200)
-            .with_prompt(chunk_keys(&prompt, &BlockExtras::default()), [192, 0]);
+            .with_prompt(&Prompt::new(&prompt, &BlockExtras::default()), [192, 0]);
         let mut sibling = prompt[..190].to_vec();
         sibling.extend(900..950);
         let weights = PolicyWeights {

@@ -2,15 +2,18 @@
 //!
 //! Owns: per worker, the in-flight prompts as chained 64-token chunk keys (a prefix map from
 //! chunk key to how many in-flight prompts share it) and where the engine will keep a state
-//! checkpoint of each once its prefill is done; and the forecast they give a new request, the
-//! reuse it can expect there once the prompts ahead of it have stored their blocks. The index
-//! only knows what the engine has already stored, so without this a request arriving while its
-//! sibling is still being prefilled looks cold everywhere, and a cache-aware router sends it
-//! away from the very worker that is building its prefix.
+//! checkpoint of each once its prefill is done (filed under the last whole chunk before it,
+//! with the few tokens from there to the checkpoint); and the forecast they give a new request,
+//! the reuse it can expect there once the prompts ahead of it have stored their blocks. The
+//! index only knows what the engine has already stored, so without this a request arriving
+//! while its sibling is still being prefilled looks cold everywhere, and a cache-aware router
+//! sends it away from the very worker that is building its prefix.
 //! Invariants: an entry lives exactly as long as its request's load guard (added before the
-//! request is sent, removed when it ends, whatever the outcome), and removing it takes back
-//! exactly what adding it put in; a forecast costs one probe per shared chunk (not per prompt
-//! in flight), never exceeds `n − 1` tokens and is a multiple of the worker's alignment.
+//! request is sent, removed when the response ends, decode included, whatever the outcome),
+//! and removing it takes back exactly what adding it put in; a forecast costs one probe per
+//! shared chunk and one short compare per distinct checkpoint filed there (not per prompt in
+//! flight), never exceeds `n − 1` tokens and is a multiple of the worker's alignment. Records
+//! are per worker, not per DP rank (the engine's balancer picks the rank).
 //! Must not: feed the prediction the gateway reports (`predicted_cached` stays the index's
 //! exact figure); the forecast only informs the routing cost and the load accounting.
 
@@ -22,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Tokens per chunk key: the forecast's granularity.
+/// Tokens per chunk key: the granularity of the shared full-attention prefix.
 pub const CHUNK: usize = 64;
 
 /// What a worker's in-flight prompts promise a new request, in tokens.
@@ -34,9 +37,20 @@ pub struct Forecast {
     pub prefix: u64,
 }
 
-/// A prompt's chained chunk keys (salt included), computed once per request.
-pub fn chunk_keys(tokens: &[u32], extras: &BlockExtras) -> Arc<[u64]> {
-    content_chain(tokens, CHUNK, extras).into()
+/// A request's tokens and chained chunk keys (salt included), computed once per request.
+#[derive(Clone)]
+pub struct Prompt {
+    pub tokens: Arc<[u32]>,
+    pub keys: Arc<[u64]>,
+}
+
+impl Prompt {
+    pub fn new(tokens: &[u32], extras: &BlockExtras) -> Prompt {
+        Prompt {
+            tokens: tokens.into(),
+            keys: content_chain(tokens, CHUNK, extras).into(),
+        }
+    }
 }
 
 /// The last aligned position strictly inside a prompt of `n` tokens: where vLLM keeps the
@@ -46,18 +60,29 @@ pub fn prompt_checkpoint(n: u64, align: u64) -> u64 {
     n.saturating_sub(1) / a * a
 }
 
+/// A checkpoint position with the tokens from its anchor chunk's end up to it, and how many
+/// in-flight prompts filed it.
+struct Checkpoint {
+    at: u64,
+    tail: Arc<[u32]>,
+    count: u32,
+}
+
+/// Where a checkpoint is filed: after the prompt's first `chunks` chunks (`None`: before the
+/// first chunk).
+type Anchor = Option<u64>;
+
 struct Entry {
     keys: Arc<[u64]>,
-    /// (chunk key covering the checkpoint, checkpoint position) for each checkpoint kept.
-    checkpoints: Vec<(u64, u64)>,
+    checkpoints: Vec<(Anchor, u64, Arc<[u32]>)>,
 }
 
 #[derive(Default)]
 struct Inner {
     /// Chunk key → in-flight prompts holding that prefix.
     prefixes: HashMap<u64, u32, MixBuild>,
-    /// Chunk key → checkpoint positions ending in that chunk (a multiset).
-    checkpoints: HashMap<u64, Vec<u64>, MixBuild>,
+    /// Anchor → the distinct checkpoints filed there.
+    checkpoints: HashMap<Anchor, Vec<Checkpoint>, MixBuild>,
     entries: HashMap<u64, Entry, MixBuild>,
 }
 
@@ -68,26 +93,44 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Records an in-flight prompt (its chunk keys and the positions where the engine will keep
-    /// a state checkpoint, 0 = none); returns the id to remove it with.
-    pub fn add(&self, keys: Arc<[u64]>, checkpoints: [u64; 2]) -> u64 {
+    /// Records an in-flight prompt and the positions where the engine will keep a state
+    /// checkpoint of it (0 = none); returns the id to remove it with.
+    pub fn add(&self, prompt: &Prompt, checkpoints: [u64; 2]) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.inner.lock();
-        for k in keys.iter() {
+        for k in prompt.keys.iter() {
             *inner.prefixes.entry(*k).or_insert(0) += 1;
         }
         let mut kept = Vec::new();
-        for c in checkpoints {
-            let chunks = (c as usize).div_ceil(CHUNK);
-            if let Some(&k) = chunks.checked_sub(1).and_then(|i| keys.get(i)) {
-                inner.checkpoints.entry(k).or_default().push(c);
-                kept.push((k, c));
+        for at in checkpoints {
+            let c = at as usize;
+            let whole = c / CHUNK;
+            if at == 0 || c > prompt.tokens.len() {
+                continue;
             }
+            let anchor = match whole.checked_sub(1) {
+                None => None,
+                Some(i) => match prompt.keys.get(i) {
+                    Some(k) => Some(*k),
+                    None => continue,
+                },
+            };
+            let tail: Arc<[u32]> = prompt.tokens[whole * CHUNK..c].into();
+            let list = inner.checkpoints.entry(anchor).or_default();
+            match list.iter_mut().find(|x| x.at == at && x.tail == tail) {
+                Some(x) => x.count += 1,
+                None => list.push(Checkpoint {
+                    at,
+                    tail: tail.clone(),
+                    count: 1,
+                }),
+            }
+            kept.push((anchor, at, tail));
         }
         inner.entries.insert(
             id,
             Entry {
-                keys,
+                keys: prompt.keys.clone(),
                 checkpoints: kept,
             },
         );
@@ -107,13 +150,16 @@ impl Pending {
                 }
             }
         }
-        for (k, c) in e.checkpoints {
-            if let Some(v) = inner.checkpoints.get_mut(&k) {
-                if let Some(at) = v.iter().position(|x| *x == c) {
-                    v.swap_remove(at);
+        for (anchor, at, tail) in e.checkpoints {
+            if let Some(list) = inner.checkpoints.get_mut(&anchor) {
+                if let Some(i) = list.iter().position(|x| x.at == at && x.tail == tail) {
+                    list[i].count -= 1;
+                    if list[i].count == 0 {
+                        list.swap_remove(i);
+                    }
                 }
-                if v.is_empty() {
-                    inner.checkpoints.remove(&k);
+                if list.is_empty() {
+                    inner.checkpoints.remove(&anchor);
                 }
             }
         }
@@ -128,36 +174,40 @@ impl Pending {
         self.len() == 0
     }
 
-    /// The forecast for a request of `n` tokens with chunk keys `keys` on this worker
-    /// (alignment `align`). With `dense` (a single KV cache group: every stored block is
-    /// reusable) the whole shared prefix will be served; otherwise (hybrid layouts, sparse
-    /// state) only up to a checkpoint of an in-flight prompt that the request shares.
-    pub fn forecast(&self, keys: &[u64], n: u64, align: u64, dense: bool) -> Forecast {
+    /// The forecast for `prompt` on this worker (alignment `align`). With `dense` (a single KV
+    /// cache group: every stored block is reusable) the whole shared prefix will be served;
+    /// otherwise (hybrid layouts, sparse state) only up to a checkpoint of an in-flight prompt
+    /// that the request shares up to that position.
+    pub fn forecast(&self, prompt: &Prompt, align: u64, dense: bool) -> Forecast {
         let a = align.max(1);
-        let max = prompt_checkpoint(n, a);
+        let n = prompt.tokens.len();
+        let max = prompt_checkpoint(n as u64, a);
         let inner = self.inner.lock();
         if inner.entries.is_empty() {
             return Forecast::default();
         }
         let mut cached = 0;
+        let mut take = |anchor: Anchor, from: usize| {
+            for c in inner.checkpoints.get(&anchor).into_iter().flatten() {
+                let end = from + c.tail.len();
+                if c.at <= max && c.at > cached && prompt.tokens.get(from..end) == Some(&*c.tail) {
+                    cached = c.at;
+                }
+            }
+        };
+        take(None, 0);
         let mut matched = 0;
-        for k in keys {
+        for k in prompt.keys.iter() {
             if !inner.prefixes.contains_key(k) {
                 break;
             }
             matched += 1;
-            if let Some(cs) = inner.checkpoints.get(k) {
-                cached = cs
-                    .iter()
-                    .copied()
-                    .filter(|c| *c <= max)
-                    .fold(cached, u64::max);
-            }
+            take(Some(*k), matched * CHUNK);
         }
         let prefix = ((matched * CHUNK) as u64 / a * a).min(max);
         Forecast {
-            cached: if dense { prefix } else { cached.min(prefix) },
-            prefix,
+            cached: if dense { prefix } else { cached },
+            prefix: prefix.max(cached),
         }
     }
 }
@@ -166,8 +216,8 @@ impl Pending {
 mod tests {
     use super::*;
 
-    fn keys(t: &[u32]) -> Arc<[u64]> {
-        chunk_keys(t, &BlockExtras::default())
+    fn prompt(t: &[u32]) -> Prompt {
+        Prompt::new(t, &BlockExtras::default())
     }
 
     fn seq(r: std::ops::Range<u32>) -> Vec<u32> {
@@ -184,11 +234,11 @@ mod tests {
     fn a_sibling_of_an_in_flight_prompt_is_forecast_its_checkpoint() {
         let p = Pending::default();
         // In flight: 1,000 tokens at alignment 64; its final checkpoint sits at 960.
-        let id = p.add(keys(&seq(0..1000)), [prompt_checkpoint(1000, 64), 0]);
+        let id = p.add(&prompt(&seq(0..1000)), [prompt_checkpoint(1000, 64), 0]);
         // A continuation sharing all 1,000 tokens: the checkpoint at 960 will serve it.
         let long = seq(0..1200);
         assert_eq!(
-            p.forecast(&keys(&long), 1200, 64, false),
+            p.forecast(&prompt(&long), 64, false),
             Forecast {
                 cached: 960,
                 prefix: 960
@@ -197,27 +247,24 @@ mod tests {
         // A branch at 700: the full-attention prefix (640) will be there, the state will not.
         let b = branch_at(700);
         assert_eq!(
-            p.forecast(&keys(&b), b.len() as u64, 64, false),
+            p.forecast(&prompt(&b), 64, false),
             Forecast {
                 cached: 0,
                 prefix: 640
             }
         );
         p.remove(id);
-        assert_eq!(
-            p.forecast(&keys(&long), 1200, 64, false),
-            Forecast::default()
-        );
+        assert_eq!(p.forecast(&prompt(&long), 64, false), Forecast::default());
         assert!(p.is_empty());
     }
 
     #[test]
     fn with_a_single_group_the_whole_shared_prefix_is_forecast() {
         let p = Pending::default();
-        p.add(keys(&seq(0..1000)), [960, 0]);
+        p.add(&prompt(&seq(0..1000)), [960, 0]);
         let b = branch_at(700);
         assert_eq!(
-            p.forecast(&keys(&b), b.len() as u64, 16, true),
+            p.forecast(&prompt(&b), 16, true),
             Forecast {
                 cached: 640,
                 prefix: 640
@@ -228,10 +275,10 @@ mod tests {
     #[test]
     fn a_junction_checkpoint_serves_a_branch_at_the_junction() {
         let p = Pending::default();
-        p.add(keys(&seq(0..1000)), [960, 512]);
+        p.add(&prompt(&seq(0..1000)), [960, 512]);
         let b = branch_at(700);
         assert_eq!(
-            p.forecast(&keys(&b), b.len() as u64, 64, false),
+            p.forecast(&prompt(&b), 64, false),
             Forecast {
                 cached: 512,
                 prefix: 640
@@ -242,11 +289,11 @@ mod tests {
     #[test]
     fn a_forecast_never_reaches_the_last_prompt_token() {
         let p = Pending::default();
-        p.add(keys(&seq(0..1000)), [960, 0]);
-        assert_eq!(p.forecast(&keys(&seq(0..961)), 961, 64, false).cached, 960);
+        p.add(&prompt(&seq(0..1000)), [960, 0]);
+        assert_eq!(p.forecast(&prompt(&seq(0..961)), 64, false).cached, 960);
         // 960 tokens: at most 896 can be served, and a checkpoint at 960 serves none of them.
         assert_eq!(
-            p.forecast(&keys(&seq(0..960)), 960, 64, false),
+            p.forecast(&prompt(&seq(0..960)), 64, false),
             Forecast {
                 cached: 0,
                 prefix: 896
@@ -257,15 +304,15 @@ mod tests {
     #[test]
     fn removing_a_prompt_takes_back_only_its_share() {
         let p = Pending::default();
-        let a = p.add(keys(&seq(0..1000)), [960, 0]);
-        let b = p.add(keys(&seq(0..1000)), [960, 0]);
-        let other = p.add(keys(&branch_at(300)), [256, 0]);
+        let a = p.add(&prompt(&seq(0..1000)), [960, 0]);
+        let b = p.add(&prompt(&seq(0..1000)), [960, 0]);
+        let other = p.add(&prompt(&branch_at(300)), [256, 0]);
         p.remove(a);
         let long = seq(0..1200);
-        assert_eq!(p.forecast(&keys(&long), 1200, 64, false).cached, 960);
+        assert_eq!(p.forecast(&prompt(&long), 64, false).cached, 960);
         p.remove(b);
         assert_eq!(
-            p.forecast(&keys(&long), 1200, 64, false),
+            p.forecast(&prompt(&long), 64, false),
             Forecast {
                 cached: 256,
                 prefix: 256
@@ -285,10 +332,43 @@ mod tests {
             cache_salt: Some("tenant-a".into()),
             lora: None,
         };
-        p.add(chunk_keys(&seq(0..1000), &salted), [960, 0]);
+        p.add(&Prompt::new(&seq(0..1000), &salted), [960, 0]);
         assert_eq!(
-            p.forecast(&keys(&seq(0..1200)), 1200, 64, false),
+            p.forecast(&prompt(&seq(0..1200)), 64, false),
             Forecast::default()
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_inside_a_chunk_serves_a_branch_exactly_at_it() {
+        // Alignment 544 (Qwen3-Next): 544 = 8 chunks + 32 tokens.
+        let p = Pending::default();
+        let first = seq(0..700);
+        p.add(&prompt(&first), [prompt_checkpoint(700, 544), 0]);
+        // A sibling that shares exactly the first 544 tokens is served from the checkpoint.
+        let b = branch_at(544);
+        assert_eq!(
+            p.forecast(&prompt(&b), 544, false),
+            Forecast {
+                cached: 544,
+                prefix: 544
+            }
+        );
+        // One that branches a token earlier is not.
+        let b = branch_at(543);
+        assert_eq!(p.forecast(&prompt(&b), 544, false), Forecast::default());
+    }
+
+    #[test]
+    fn a_checkpoint_before_the_first_whole_chunk_is_kept() {
+        let p = Pending::default();
+        p.add(&prompt(&seq(0..100)), [48, 0]);
+        assert_eq!(
+            p.forecast(&prompt(&branch_at(60)), 16, false),
+            Forecast {
+                cached: 48,
+                prefix: 48
+            }
         );
     }
 }

@@ -98,13 +98,14 @@ fn is_zero(x: &u64) -> bool {
 }
 
 /// The junction tokens a hybrid-aware candidate is credited with: the full-attention prefix it
-/// holds (`group_blind`) beyond both what it will serve (`cached`) and what the best worker of
-/// the fleet already serves (`fleet_best`). Sent there, the request makes vLLM checkpoint that
-/// prefix (`shared_prefix_boundary`), so later requests sharing it reuse it — worth something
-/// only where no worker can serve it yet. A worker that merely lost state another worker still
-/// holds earns nothing, so the one that can serve it now wins.
-pub fn junction_credit(group_blind: u64, cached: u64, fleet_best: u64) -> u64 {
-    group_blind.saturating_sub(cached.max(fleet_best))
+/// holds (`prefix`, counting prompts in flight on it) beyond both what it will serve (`cached`)
+/// and what the best worker of the fleet serves (`fleet_best`; both also counting in-flight
+/// prompts). Sent there, the request makes vLLM checkpoint that prefix
+/// (`shared_prefix_boundary`), so later requests sharing it reuse it — worth something only
+/// where no worker can serve it yet. A worker that merely lost state another worker still holds
+/// earns nothing, so the one that can serve it wins.
+pub fn junction_credit(prefix: u64, cached: u64, fleet_best: u64) -> u64 {
+    prefix.saturating_sub(cached.max(fleet_best))
 }
 
 /// Ranks candidates best first. `rr` is the round-robin counter for this request.

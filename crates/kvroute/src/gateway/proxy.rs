@@ -10,6 +10,7 @@
 //! Must not: rewrite the request body or the response (besides the decision header).
 
 use super::decide::{candidates_for, decide, Decision};
+use super::pending::Prompt;
 use super::registry::{LoadGuard, Worker};
 use super::tokenize::{prompt_input, PromptInput, TokenizeError};
 use super::AppState;
@@ -172,10 +173,8 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
             .find(|c| c.worker == worker.spec.name);
         let predicted = cand.map_or(0, |c| c.predicted_cached);
         let uncached = cand.map_or(tokens.len() as u64, |c| c.expected_uncached());
-        let in_flight = match cand {
-            Some(c) if policy == super::policy::PolicyKind::HybridAware => {
-                Some((ranked.keys.clone(), c.checkpoints))
-            }
+        let in_flight = match (cand, &ranked.prompt) {
+            (Some(c), Some(prompt)) => Some((prompt, c.checkpoints)),
             _ => None,
         };
         let mut decision = ranked.decision.clone();
@@ -270,8 +269,8 @@ async fn tokenize(
     Err(last)
 }
 
-/// The prompt's chunk keys and checkpoints, recorded as in flight on the worker while it runs.
-type InFlight = (Arc<[u64]>, [u64; 2]);
+/// The prompt and its checkpoints, recorded as in flight on the worker while it runs.
+type InFlight<'a> = (&'a Prompt, [u64; 2]);
 
 struct UpstreamError {
     message: String,
@@ -285,7 +284,7 @@ async fn forward(
     ep: Endpoint,
     body: Bytes,
     stream: bool,
-    (uncached, in_flight): (u64, Option<InFlight>),
+    (uncached, in_flight): (u64, Option<InFlight<'_>>),
     predicted: u64,
 ) -> Result<Response, UpstreamError> {
     let mut guard = LoadGuard::new(worker.clone(), uncached);

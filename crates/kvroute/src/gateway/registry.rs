@@ -8,7 +8,7 @@
 //! Must not: choose workers (policy does) or proxy requests.
 
 use super::config::WorkerSpec;
-use super::pending::Pending;
+use super::pending::{Pending, Prompt};
 use kvroute_index::{Event, Index, WorkerId};
 use kvroute_wire::{
     spawn_subscription, Dialect, EventSink, RankHealth, SubscriptionConfig, SubscriptionHandle,
@@ -152,8 +152,8 @@ impl LoadGuard {
     }
 
     /// Also records the prompt as in flight on the worker until the guard drops.
-    pub fn with_prompt(mut self, keys: Arc<[u64]>, checkpoints: [u64; 2]) -> LoadGuard {
-        self.pending = Some(self.worker.pending.add(keys, checkpoints));
+    pub fn with_prompt(mut self, prompt: &Prompt, checkpoints: [u64; 2]) -> LoadGuard {
+        self.pending = Some(self.worker.pending.add(prompt, checkpoints));
         self
     }
     /// The first byte came back: the prefill is done.
