@@ -62,6 +62,8 @@ pub struct WorkerView {
     pub draining: bool,
     pub in_flight: u64,
     pub queued_prefill_tokens: u64,
+    /// Prompts recorded in flight for the hybrid-aware forecast.
+    pub in_flight_prompts: usize,
     pub engine_running: u64,
     pub engine_waiting: u64,
     pub dp_size: u32,
@@ -123,6 +125,7 @@ impl Worker {
             draining: self.draining.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             queued_prefill_tokens: self.queued_prefill.load(Ordering::Relaxed),
+            in_flight_prompts: self.pending.len(),
             engine_running: self.engine_running.load(Ordering::Relaxed),
             engine_waiting: self.engine_waiting.load(Ordering::Relaxed),
             dp_size: self.spec.dp_size,
