@@ -41,10 +41,10 @@ struct Plan {
     junction: u64,
 }
 
-pub struct Ranked {
+pub struct Ranked<'a> {
     pub order: Vec<Arc<Worker>>,
     /// The request as recorded in flight on the chosen worker (hybrid-aware only).
-    pub prompt: Option<Prompt>,
+    pub prompt: Option<Prompt<'a>>,
     pub decision: Decision,
 }
 
@@ -59,17 +59,17 @@ pub fn candidates_for(registry: &Registry, model: &str) -> Vec<Arc<Worker>> {
 /// Ranks `workers` for a request. The request is hashed once; per-group evidence is computed
 /// (for the chosen worker only) when `evidence` is set.
 #[allow(clippy::too_many_arguments)]
-pub fn decide(
+pub fn decide<'a>(
     registry: &Registry,
     workers: &[Arc<Worker>],
-    tokens: &[u32],
+    tokens: &'a [u32],
     salt: Option<String>,
     skip_prefix_cache: bool,
     policy: PolicyKind,
     weights: &PolicyWeights,
     rr: u64,
     evidence: bool,
-) -> Ranked {
+) -> Ranked<'a> {
     let start = std::time::Instant::now();
     let q = Query {
         tokens: tokens.to_vec(),
@@ -271,19 +271,25 @@ mod tests {
             store_group(&registry, w, 1, CacheKind::Mamba, &[7; 64], |i| i == 3);
         }
         let weights = PolicyWeights::default();
-        let run = |tokens: &[u32]| {
+        fn run<'t>(
+            registry: &Registry,
+            workers: &[Arc<Worker>],
+            weights: &PolicyWeights,
+            tokens: &'t [u32],
+        ) -> Ranked<'t> {
             decide(
-                &registry,
-                &workers,
+                registry,
+                workers,
                 tokens,
                 None,
                 false,
                 PolicyKind::HybridAware,
-                &weights,
+                weights,
                 0,
                 false,
             )
-        };
+        }
+        let run = |tokens| run(&registry, &workers, &weights, tokens);
         // The first prompt goes to "a" (a tie, broken by name); its checkpoints are what the
         // gateway records in flight there.
         let first: Vec<u32> = (1..=200).collect();

@@ -37,17 +37,18 @@ pub struct Forecast {
     pub prefix: u64,
 }
 
-/// A request's tokens and chained chunk keys (salt included), computed once per request.
+/// A request's tokens (borrowed) and chained chunk keys (salt included), keyed once per
+/// request.
 #[derive(Clone)]
-pub struct Prompt {
-    pub tokens: Arc<[u32]>,
+pub struct Prompt<'a> {
+    pub tokens: &'a [u32],
     pub keys: Arc<[u64]>,
 }
 
-impl Prompt {
-    pub fn new(tokens: &[u32], extras: &BlockExtras) -> Prompt {
+impl<'a> Prompt<'a> {
+    pub fn new(tokens: &'a [u32], extras: &BlockExtras) -> Prompt<'a> {
         Prompt {
-            tokens: tokens.into(),
+            tokens,
             keys: content_chain(tokens, CHUNK, extras).into(),
         }
     }
@@ -95,7 +96,7 @@ pub struct Pending {
 impl Pending {
     /// Records an in-flight prompt and the positions where the engine will keep a state
     /// checkpoint of it (0 = none); returns the id to remove it with.
-    pub fn add(&self, prompt: &Prompt, checkpoints: [u64; 2]) -> u64 {
+    pub fn add(&self, prompt: &Prompt<'_>, checkpoints: [u64; 2]) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.inner.lock();
         for k in prompt.keys.iter() {
@@ -178,7 +179,7 @@ impl Pending {
     /// cache group: every stored block is reusable) the whole shared prefix will be served;
     /// otherwise (hybrid layouts, sparse state) only up to a checkpoint of an in-flight prompt
     /// that the request shares up to that position.
-    pub fn forecast(&self, prompt: &Prompt, align: u64, dense: bool) -> Forecast {
+    pub fn forecast(&self, prompt: &Prompt<'_>, align: u64, dense: bool) -> Forecast {
         let a = align.max(1);
         let n = prompt.tokens.len();
         let max = prompt_checkpoint(n as u64, a);
@@ -216,7 +217,7 @@ impl Pending {
 mod tests {
     use super::*;
 
-    fn prompt(t: &[u32]) -> Prompt {
+    fn prompt(t: &[u32]) -> Prompt<'_> {
         Prompt::new(t, &BlockExtras::default())
     }
 

@@ -270,7 +270,7 @@ async fn tokenize(
 }
 
 /// The prompt and its checkpoints, recorded as in flight on the worker while it runs.
-type InFlight<'a> = (&'a Prompt, [u64; 2]);
+type InFlight<'a> = (&'a Prompt<'a>, [u64; 2]);
 
 struct UpstreamError {
     message: String,

@@ -155,7 +155,7 @@ impl LoadGuard {
     }
 
     /// Also records the prompt as in flight on the worker until the guard drops.
-    pub fn with_prompt(mut self, prompt: &Prompt, checkpoints: [u64; 2]) -> LoadGuard {
+    pub fn with_prompt(mut self, prompt: &Prompt<'_>, checkpoints: [u64; 2]) -> LoadGuard {
         self.pending = Some(self.worker.pending.add(prompt, checkpoints));
         self
     }
