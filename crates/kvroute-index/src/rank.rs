@@ -75,6 +75,53 @@ pub(crate) struct GroupState {
     pub content: HashMap<u64, (u64, u32), MixBuild>,
 }
 
+/// A rank's group states by group id, sorted: a rank has a handful of groups, so a vector
+/// (allocated for exactly those) replaces a B-tree node sized for eleven.
+#[derive(Default, Clone, Debug)]
+pub(crate) struct GroupMap(Vec<(u32, GroupState)>);
+
+impl GroupMap {
+    pub fn get(&self, group: &u32) -> Option<&GroupState> {
+        self.0
+            .binary_search_by_key(group, |(g, _)| *g)
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    /// The group's state, created empty if new.
+    pub fn entry_or_default(&mut self, group: u32) -> &mut GroupState {
+        let i = match self.0.binary_search_by_key(&group, |(g, _)| *g) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.reserve_exact(1);
+                self.0.insert(i, (group, GroupState::default()));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&u32, &GroupState)> {
+        self.0.iter().map(|(g, s)| (g, s))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &GroupState> {
+        self.0.iter().map(|(_, s)| s)
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut GroupState> {
+        self.0.iter_mut().map(|(_, s)| s)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn clear(&mut self) {
+        self.0 = Vec::new();
+    }
+}
+
 const DIGEST_CACHE_MAX: usize = 65_536;
 
 pub struct RankState {
@@ -82,7 +129,7 @@ pub struct RankState {
     pub(crate) hasher: Option<BlockHasher>,
     pub layout: Layout,
     pub(crate) plan: Plan,
-    pub(crate) groups: BTreeMap<u32, GroupState>,
+    pub(crate) groups: GroupMap,
     pub(crate) offload: BTreeMap<String, Multiset>,
     /// Full digests of blocks the router recomputed, by 64-bit value (parents for the check).
     digests: HashMap<u64, Digest, MixBuild>,
@@ -104,7 +151,7 @@ impl RankState {
             hasher,
             layout: Layout::default(),
             plan: Plan::default(),
-            groups: BTreeMap::new(),
+            groups: GroupMap::default(),
             offload: BTreeMap::new(),
             digests: HashMap::default(),
             stats: RankStats::default(),
@@ -225,7 +272,7 @@ impl RankState {
         }
         match self.config.hash {
             HashMode::Engine { .. } => {
-                let g = self.groups.entry(group).or_default();
+                let g = self.groups.entry_or_default(group);
                 for h in &ev.hashes {
                     g.holder.insert(h.value.0);
                 }
@@ -265,7 +312,7 @@ impl RankState {
             return;
         }
         let content_mode = self.config.hash == HashMode::ContentKey;
-        let g = self.groups.entry(group).or_default();
+        let g = self.groups.entry_or_default(group);
         let (mut removed, mut unknown) = (0u64, 0u64);
         for h in &ev.hashes {
             let key = if content_mode {
@@ -337,7 +384,7 @@ impl RankState {
                 }
             }
         }
-        let g = self.groups.entry(group).or_default();
+        let g = self.groups.entry_or_default(group);
         for (hsh, key) in ev.hashes.iter().zip(keys) {
             match key {
                 Some(k) => {
