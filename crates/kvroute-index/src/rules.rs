@@ -501,6 +501,28 @@ pub fn joint(
             };
         }
     }
+    // A full-attention lookup serving nothing from `l0` makes both answers 0 (a pass only
+    // lowers the length, and a full-attention walk never grows as its bound shrinks): the
+    // ranks holding nothing of the request, most of a fleet, stop here without other views.
+    let mut first_full = None;
+    if !evidence {
+        if let Some(i) = lookups
+            .iter()
+            .position(|lk| lk.spec.rule() == Rule::FullAttention)
+        {
+            let lk = &lookups[i];
+            let hit =
+                make_view(lk.spec, lk.holders, hashes, p).map_or(0, |v| v.full(l0, p.fine_grained));
+            if hit == 0 {
+                return Joint {
+                    cached: 0,
+                    group_blind: 0,
+                    groups: Vec::new(),
+                };
+            }
+            first_full = Some((i, hit));
+        }
+    }
     let count = lookups.len();
     let mut views_stack: [Option<View<'_>>; STACK_LOOKUPS] = [None; STACK_LOOKUPS];
     let mut memo_stack = [None; STACK_LOOKUPS];
@@ -524,6 +546,9 @@ pub fn joint(
     };
     for (v, lk) in views.iter_mut().zip(lookups) {
         *v = make_view(lk.spec, lk.holders, hashes, p);
+    }
+    if let Some((i, hit)) = first_full {
+        memo[i] = Some((l0, hit));
     }
     let mut s = Scratch {
         lookups,
