@@ -70,6 +70,12 @@ pub struct Multiset {
 }
 
 impl Multiset {
+    /// Makes room for `additional` more distinct hashes at once (one growth for a whole
+    /// event's blocks instead of one per doubling on the way).
+    pub fn reserve(&mut self, additional: usize) {
+        self.once.reserve(additional);
+    }
+
     pub fn insert(&mut self, h: u64) {
         self.total += 1;
         if !self.once.insert(h) {

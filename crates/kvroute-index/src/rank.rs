@@ -126,6 +126,7 @@ const DIGEST_CACHE_MAX: usize = 65_536;
 
 pub struct RankState {
     pub(crate) config: WorkerConfig,
+    /// The engine's hash function (engine hash mode), built lazily for the live check.
     pub(crate) hasher: Option<BlockHasher>,
     pub layout: Layout,
     pub(crate) plan: Plan,
@@ -142,13 +143,9 @@ pub struct RankState {
 
 impl RankState {
     pub fn new(config: WorkerConfig) -> RankState {
-        let hasher = match &config.hash {
-            HashMode::Engine { algo, seed } => Some(BlockHasher::new(*algo, seed)),
-            HashMode::ContentKey => None,
-        };
         RankState {
             config,
-            hasher,
+            hasher: None,
             layout: Layout::default(),
             plan: Plan::default(),
             groups: GroupMap::default(),
@@ -273,6 +270,7 @@ impl RankState {
         match self.config.hash {
             HashMode::Engine { .. } => {
                 let g = self.groups.entry_or_default(group);
+                g.holder.reserve(ev.hashes.len());
                 for h in &ev.hashes {
                     g.holder.insert(h.value.0);
                 }
@@ -423,7 +421,6 @@ impl RankState {
 
     /// The live hash check: recompute a reproducible store and compare.
     fn check_hashes(&mut self, ev: &Stored, counters: &Counters) {
-        let Some(hasher) = &self.hasher else { return };
         let Some(params) = self.plan.params else {
             return;
         };
@@ -454,6 +451,13 @@ impl RankState {
             self.stats.hash_unverifiable += 1;
             return;
         };
+        if self.hasher.is_none() {
+            // Built on the first store that can be checked (its seed digest is a SHA-256).
+            if let HashMode::Engine { algo, seed } = &self.config.hash {
+                self.hasher = Some(BlockHasher::new(*algo, seed));
+            }
+        }
+        let Some(hasher) = &self.hasher else { return };
         let extras = BlockExtras {
             cache_salt: if ev.parent.is_none() {
                 first_salt(ev)
