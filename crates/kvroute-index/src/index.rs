@@ -221,6 +221,10 @@ impl Index {
     /// Applies one event.
     pub fn apply(&self, ev: &Event) {
         let rank = self.rank(ev.worker(), ev.dp_rank());
+        self.apply_to(&rank, ev);
+    }
+
+    fn apply_to(&self, rank: &RankRef, ev: &Event) {
         let mut r = rank.write();
         match ev {
             Event::Stored(s) => r.store(s, &self.counters),
@@ -235,8 +239,18 @@ impl Index {
 
     /// Applies events in order.
     pub fn apply_all<'a>(&self, events: impl IntoIterator<Item = &'a Event>) {
+        // A batch usually comes from one (worker, rank): look it up once per run of events.
+        let mut last: Option<(&WorkerId, u32, RankRef)> = None;
         for ev in events {
-            self.apply(ev);
+            let (worker, dp_rank) = (ev.worker(), ev.dp_rank());
+            let same = matches!(&last, Some((w, d, _))
+                if *d == dp_rank && (Arc::ptr_eq(w, worker) || *w == worker));
+            if !same {
+                last = Some((worker, dp_rank, self.rank(worker, dp_rank)));
+            }
+            if let Some((_, _, rank)) = &last {
+                self.apply_to(rank, ev);
+            }
         }
     }
 
