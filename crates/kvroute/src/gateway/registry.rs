@@ -290,3 +290,33 @@ impl Registry {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvroute_index::BlockExtras;
+
+    #[test]
+    fn a_load_guard_gives_back_its_load_and_its_in_flight_prompt_when_dropped() {
+        let registry = Registry::new(Arc::new(Index::new()));
+        let w = registry
+            .add(WorkerSpec::new("a", "http://127.0.0.1:1", "m"))
+            .expect("valid spec");
+        let tokens: Vec<u32> = (0..300).collect();
+        let prompt = Prompt::new(&tokens, &BlockExtras::default());
+        let mut guard = LoadGuard::new(w.clone(), 300).with_prompt(&prompt, [256, 0]);
+        assert_eq!(w.view().in_flight, 1);
+        assert_eq!(w.view().queued_prefill_tokens, 300);
+        assert_eq!(w.view().in_flight_prompts, 1);
+        // The first byte releases the prefill, not the prompt: the engine is still storing it.
+        guard.prefill_done();
+        assert_eq!(w.view().queued_prefill_tokens, 0);
+        assert_eq!(w.pending.len(), 1);
+        drop(guard);
+        let v = w.view();
+        assert_eq!(
+            (v.in_flight, v.queued_prefill_tokens, v.in_flight_prompts),
+            (0, 0, 0)
+        );
+    }
+}
