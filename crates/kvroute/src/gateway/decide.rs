@@ -13,7 +13,7 @@ use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
 use kvroute_index::index::Detail;
 use kvroute_index::rules::GroupEvidence;
-use kvroute_index::{BlockExtras, Query};
+use kvroute_index::{BlockExtras, Params, Query};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,9 +30,20 @@ pub struct Decision {
     pub decision_us: u64,
 }
 
-/// A hybrid-aware candidate's view with its in-flight prompts counted.
+/// A worker's best DP rank as the index predicts it.
+#[derive(Clone, Copy)]
+struct Best {
+    /// Predicted cached tokens under the policy's view.
+    cached: u64,
+    rank: u32,
+    /// The full-attention prefix (what group-blind predicts), at most `n − 1`.
+    blind: u64,
+    params: Option<Params>,
+}
+
+/// A hybrid-aware candidate's outlook with its in-flight prompts counted.
 #[derive(Clone, Copy, Default)]
-struct Plan {
+struct Outlook {
     /// Cached tokens once the in-flight prompts are stored (at least the index's figure).
     forecast: u64,
     /// Full-attention prefix, likewise.
@@ -80,9 +91,7 @@ pub fn decide<'a>(
         skip_prefix_cache,
     };
     let n = tokens.len() as u64;
-    // Best rank per worker: (predicted, rank, full-attention prefix, alignment, single group,
-    // EAGLE drop).
-    let mut best: HashMap<&str, (u64, u32, u64, u64, bool, bool)> = HashMap::new();
+    let mut best: HashMap<&str, Best> = HashMap::new();
     let by_id: HashMap<&str, &str> = workers
         .iter()
         .map(|w| (&*w.id, w.spec.name.as_str()))
@@ -91,18 +100,19 @@ pub fn decide<'a>(
     if policy.uses_cache() {
         for p in registry.index.predict_all_detail(&q, Detail::Cached) {
             let blind = p.group_blind.min(n.saturating_sub(1));
-            let v = if policy == PolicyKind::GroupBlind {
-                blind
-            } else {
-                p.cached
+            let row = Best {
+                cached: if policy == PolicyKind::GroupBlind {
+                    blind
+                } else {
+                    p.cached
+                },
+                rank: p.dp_rank,
+                blind,
+                params: p.params,
             };
-            let align = p.params.map_or(0, |x| u64::from(x.align));
-            let dense = p.params.is_some_and(|x| x.unitary);
-            let eagle = p.params.is_some_and(|x| x.eagle);
             if let Some(name) = by_id.get(&*p.worker) {
-                let row = (v, p.dp_rank, blind, align, dense, eagle);
                 let e = best.entry(name).or_insert(row);
-                if (v, blind) > (e.0, e.2) {
+                if (row.cached, row.blind) > (e.cached, e.blind) {
                     *e = row;
                 }
             }
@@ -110,52 +120,49 @@ pub fn decide<'a>(
     }
     // Hybrid-aware: what each worker will hold once its in-flight prompts are stored, and the
     // junction credit on top of the best the fleet can serve (now or once those are stored).
-    let mut plans: HashMap<&str, Plan> = HashMap::new();
+    let mut outlooks: HashMap<&str, Outlook> = HashMap::new();
     let prompt = hybrid.then(|| Prompt::new(tokens, &q.extras));
     if let Some(prompt) = &prompt {
         for w in workers {
             let name = w.spec.name.as_str();
-            let Some(&(cached, _, blind, align, dense, eagle)) = best.get(name) else {
-                continue;
-            };
+            let Some(b) = best.get(name) else { continue };
+            let Some(params) = b.params else { continue };
+            let align = u64::from(params.align).max(1);
             // A request that skips the prefix cache reuses nothing, whatever is in flight.
-            let mut f = if align > 0 && !skip_prefix_cache {
-                w.pending.forecast(prompt, align, dense)
-            } else {
+            let mut f = if skip_prefix_cache {
                 Forecast::default()
+            } else {
+                w.pending.forecast(prompt, align, params.unitary)
             };
-            if eagle && f.cached > 0 {
-                // The engine drops one unit of a hit to re-verify it (as the index does).
+            if params.eagle && f.cached > 0 {
+                // The engine drops part of a hit to re-verify it; the forecast drops one
+                // alignment unit (the index drops `min(align, block)` and re-aligns).
                 f.cached = (f.cached - align) / align * align;
             }
-            plans.insert(
+            outlooks.insert(
                 name,
-                Plan {
-                    forecast: f.cached.max(cached),
-                    prefix: f.prefix.max(blind),
+                Outlook {
+                    forecast: f.cached.max(b.cached),
+                    prefix: f.prefix.max(b.blind),
                     align,
                     junction: 0,
                 },
             );
         }
-        let fleet_best = plans.values().map(|p| p.forecast).max().unwrap_or(0);
-        for p in plans.values_mut() {
-            p.junction = junction_credit(p.prefix, p.forecast, fleet_best);
+        let fleet_best = outlooks.values().map(|o| o.forecast).max().unwrap_or(0);
+        for o in outlooks.values_mut() {
+            o.junction = junction_credit(o.prefix, o.forecast, fleet_best);
         }
     }
     let cands: Vec<Candidate> = workers
         .iter()
         .map(|w| {
             let name = w.spec.name.as_str();
-            let cached = best.get(name).map_or(0, |b| b.0);
-            let plan = plans.get(name).copied().unwrap_or_default();
-            let checkpoints = if plan.align > 0 {
-                let junction = if plan.prefix > plan.forecast {
-                    plan.prefix
-                } else {
-                    0
-                };
-                [prompt_checkpoint(n, plan.align), junction]
+            let cached = best.get(name).map_or(0, |b| b.cached);
+            let o = outlooks.get(name).copied().unwrap_or_default();
+            let checkpoints = if o.align > 0 {
+                let junction = if o.prefix > o.forecast { o.prefix } else { 0 };
+                [prompt_checkpoint(n, o.align), junction]
             } else {
                 [0, 0]
             };
@@ -163,9 +170,9 @@ pub fn decide<'a>(
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
                 uncached: n - cached.min(n),
-                forecast_cached: plan.forecast.saturating_sub(cached),
+                forecast_cached: o.forecast.saturating_sub(cached),
                 load: w.load_tokens(weights.tokens_per_request),
-                junction: plan.junction,
+                junction: o.junction,
                 cost: 0.0,
                 checkpoints,
             }
@@ -182,7 +189,7 @@ pub fn decide<'a>(
         (Some(c), true) => order
             .first()
             .map(|w| {
-                let rank = best.get(c.worker.as_str()).map_or(0, |b| b.1);
+                let rank = best.get(c.worker.as_str()).map_or(0, |b| b.rank);
                 registry.index.predict(&w.id, rank, &q).groups
             })
             .unwrap_or_default(),
