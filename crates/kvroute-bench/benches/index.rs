@@ -120,6 +120,9 @@ fn benches(c: &mut Criterion) {
         for layout in Layout::ALL {
             let index = kvroute_full(&f, layout);
             c.bench_function(&id("predict", &f, "kvroute", layout), |b| {
+                b.iter(|| index.hits_with_chain(f.request.len(), black_box(&f.request_chain)))
+            });
+            c.bench_function(&id("predict-dense", &f, "kvroute", layout), |b| {
                 b.iter(|| {
                     index.predict_all_with_chain(
                         f.request.len(),
@@ -141,13 +144,7 @@ fn benches(c: &mut Criterion) {
                 // A request no worker holds any block of: the fixed cost per (worker, rank).
                 let miss: Vec<u64> = f.request_chain.iter().map(|h| h ^ 0x5555).collect();
                 c.bench_function(&id("predict-miss", &f, "kvroute", layout), |b| {
-                    b.iter(|| {
-                        index.predict_all_with_chain(
-                            f.request.len(),
-                            black_box(&miss),
-                            Detail::Cached,
-                        )
-                    })
+                    b.iter(|| index.hits_with_chain(f.request.len(), black_box(&miss)))
                 });
                 let q = Query {
                     tokens: f.request.clone(),

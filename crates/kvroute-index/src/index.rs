@@ -11,12 +11,14 @@
 //! Must not: decode wire bytes or talk to sockets.
 
 use crate::counters::{Counter, Counters};
+use crate::event::Rule;
 use crate::event::{Event, WorkerId};
 use crate::hash::{self, BlockExtras, BlockHasher, HashAlgo};
 use crate::holder::{MixBuild, Multiset};
-use crate::layout::{Params, Plan};
+use crate::layout::{GroupSpec, Params, Plan};
 use crate::rank::{HashMode, RankState, RankStats, WorkerConfig};
-use crate::rules::{self, GroupEvidence, Lookup, STACK_LOOKUPS};
+use crate::rules::{self, GroupEvidence, HolderRef, Lookup, STACK_LOOKUPS};
+use crate::runs::Runs;
 use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -64,20 +66,37 @@ pub struct IndexStats {
     pub heap_bytes: usize,
 }
 
-type RankKey = (WorkerId, u32);
-type RankRef = Arc<RwLock<RankState>>;
+pub(crate) type RankKey = (WorkerId, u32);
+pub(crate) type RankRef = Arc<RwLock<RankState>>;
 
 /// Every rank, by key and in key order (the same `Arc`s in both).
 #[derive(Default)]
-struct Ranks {
-    by_key: HashMap<RankKey, RankRef, MixBuild>,
-    sorted: Vec<(RankKey, RankRef)>,
+pub(crate) struct Ranks {
+    pub(crate) by_key: HashMap<RankKey, RankRef, MixBuild>,
+    pub(crate) sorted: Vec<(RankKey, RankRef)>,
+    /// Every live rank by its id; ids are never reused.
+    pub(crate) by_id: HashMap<u32, RankKey, MixBuild>,
+    next_id: u32,
 }
+
+/// A rank's compact id in this index (what `Index::hits` answers with): never reused, so an
+/// id of a removed rank resolves to nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct RankId(pub u32);
 
 /// The hybrid cache index.
 #[derive(Default)]
 pub struct Index {
-    ranks: RwLock<Ranks>,
+    pub(crate) ranks: RwLock<Ranks>,
+    /// Every full-attention group's device blocks (see `runs`). Lock order: `configs`, then
+    /// `ranks`, then `runs`, then a rank; an event holds `runs` written and its rank written,
+    /// so events are applied one at a time and a prediction (holding `runs` read) never sees
+    /// half of one.
+    pub(crate) runs: RwLock<Runs>,
+    /// Bumped (under `runs` written) whenever a rank appears or goes, a rank's plan changes or
+    /// its degraded mark is set: the sparse prediction's roster is rebuilt then.
+    pub(crate) layout_gen: std::sync::atomic::AtomicU64,
+    pub(crate) roster: parking_lot::Mutex<Option<Arc<crate::sparse::Roster>>>,
     configs: RwLock<HashMap<WorkerId, WorkerConfig>>,
     default_config: WorkerConfig,
     counters: Counters,
@@ -85,13 +104,16 @@ pub struct Index {
 
 /// Hash chains of one request: computed lazily once per distinct setting, or given by the
 /// caller (one chain for every rank).
-struct Chains<'q> {
+pub(crate) struct Chains<'q> {
     /// The request's length and whether it skips the prefix cache.
-    n_tokens: usize,
-    skip: bool,
+    pub(crate) n_tokens: usize,
+    pub(crate) skip: bool,
     source: Source<'q>,
     /// (mode, hash block, chain) per distinct setting seen (usually one).
     cache: Vec<(HashMode, u32, Vec<u64>)>,
+    /// (mode, hash block, stride, leading blocks per shared holder id): the request walked
+    /// through the shared run store once per setting and group block size.
+    walks: Vec<(HashMode, u32, u32, Vec<u32>)>,
 }
 
 enum Source<'q> {
@@ -102,35 +124,79 @@ enum Source<'q> {
 }
 
 impl<'q> Chains<'q> {
-    fn new(query: &'q Query) -> Self {
+    pub(crate) fn new(query: &'q Query) -> Self {
         Chains {
             n_tokens: query.tokens.len(),
             skip: query.skip_prefix_cache,
             source: Source::Tokens(query),
             cache: Vec::new(),
+            walks: Vec::new(),
         }
     }
 
-    fn given(n_tokens: usize, chain: &'q [u64]) -> Self {
+    pub(crate) fn given(n_tokens: usize, chain: &'q [u64]) -> Self {
         Chains {
             n_tokens,
             skip: false,
             source: Source::Given(chain),
             cache: Vec::new(),
+            walks: Vec::new(),
         }
     }
 
-    fn get(&mut self, mode: &HashMode, h: u32) -> &[u64] {
+    /// The chain at (mode, h), computed by `ensure` before.
+    pub(crate) fn chain(&self, mode: &HashMode, h: u32) -> &[u64] {
+        match self.source {
+            Source::Given(chain) => chain,
+            Source::Tokens(_) => self
+                .cache
+                .iter()
+                .find(|(m, hb, _)| *hb == h && m == mode)
+                .map_or(&[][..], |(_, _, c)| c),
+        }
+    }
+
+    /// Walks the request at (mode, h), every `k`-th hash, through the shared store, once.
+    pub(crate) fn ensure_walk(&mut self, mode: &HashMode, h: u32, k: u32, runs: &Runs) {
+        if self.walk(mode, h, k).is_some() {
+            return;
+        }
+        self.ensure(mode, h);
+        let chain = self.chain(mode, h);
+        let mut touched = Vec::new();
+        walk_strided(runs, chain, k, &mut touched);
+        let mut prefix = vec![0u32; runs.holder_slots()];
+        for (id, blocks) in touched {
+            prefix[id as usize] = blocks;
+        }
+        self.walks.push((mode.clone(), h, k, prefix));
+    }
+
+    /// Seeds the walk cache with a walk done by the caller.
+    pub(crate) fn seed_walk(&mut self, mode: &HashMode, h: u32, k: u32, prefix: Vec<u32>) {
+        if self.walk(mode, h, k).is_none() {
+            self.walks.push((mode.clone(), h, k, prefix));
+        }
+    }
+
+    pub(crate) fn walk(&self, mode: &HashMode, h: u32, k: u32) -> Option<&[u32]> {
+        self.walks
+            .iter()
+            .find(|(m, hb, kk, _)| *hb == h && *kk == k && m == mode)
+            .map(|(_, _, _, p)| &p[..])
+    }
+
+    pub(crate) fn ensure(&mut self, mode: &HashMode, h: u32) {
         let query = match self.source {
-            Source::Given(chain) => return chain,
+            Source::Given(_) => return,
             Source::Tokens(query) => query,
         };
-        let at = match self
+        match self
             .cache
             .iter()
             .position(|(m, hb, _)| *hb == h && m == mode)
         {
-            Some(at) => at,
+            Some(_) => {}
             None => {
                 // Every full hash block of the request, as vLLM's `request.block_hashes`; the
                 // rules never look past `n − 1` except EAGLE's one-unit margin.
@@ -144,10 +210,8 @@ impl<'q> Chains<'q> {
                     HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
                 };
                 self.cache.push((mode.clone(), h, chain));
-                self.cache.len() - 1
             }
-        };
-        &self.cache[at].2
+        }
     }
 }
 
@@ -168,16 +232,22 @@ impl Index {
     /// mode changes (their keys would mean something else).
     pub fn configure_worker(&self, worker: &WorkerId, config: WorkerConfig) {
         self.configs.write().insert(worker.clone(), config.clone());
-        for ((w, _), rank) in self.ranks.read().by_key.iter() {
+        let ranks = self.ranks.read();
+        let mut runs = self.runs.write();
+        for ((w, _), rank) in ranks.by_key.iter() {
             if w == worker {
                 let mut r = rank.write();
                 if r.config.hash != config.hash {
+                    r.reset(&mut runs);
+                    let id = r.id;
                     *r = RankState::new(config.clone());
+                    r.id = id;
                 } else {
                     r.set_config(config.clone());
                 }
             }
         }
+        self.bump();
     }
 
     pub fn worker_config(&self, worker: &WorkerId) -> WorkerConfig {
@@ -192,8 +262,16 @@ impl Index {
     pub fn remove_worker(&self, worker: &WorkerId) {
         {
             let mut ranks = self.ranks.write();
+            let mut runs = self.runs.write();
+            for ((w, _), r) in &ranks.sorted {
+                if w == worker {
+                    r.write().reset(&mut runs);
+                }
+            }
             ranks.by_key.retain(|(w, _), _| w != worker);
             ranks.sorted.retain(|((w, _), _)| w != worker);
+            ranks.by_id.retain(|_, (w, _)| w != worker);
+            self.bump();
         }
         self.configs.write().remove(worker);
     }
@@ -208,13 +286,18 @@ impl Index {
         if let Some(r) = ranks.by_key.get(&key) {
             return r.clone();
         }
-        let r: RankRef = Arc::new(RwLock::new(RankState::new(config)));
+        let mut state = RankState::new(config);
+        state.id = ranks.next_id;
+        ranks.next_id = ranks.next_id.wrapping_add(1);
+        ranks.by_id.insert(state.id, key.clone());
+        let r: RankRef = Arc::new(RwLock::new(state));
         let at = ranks
             .sorted
             .binary_search_by(|(k, _)| k.cmp(&key))
             .unwrap_or_else(|at| at);
         ranks.sorted.insert(at, (key.clone(), r.clone()));
         ranks.by_key.insert(key, r.clone());
+        self.bump();
         r
     }
 
@@ -224,16 +307,27 @@ impl Index {
         self.apply_to(&rank, ev);
     }
 
+    /// Marks the roster of shared holders stale.
+    fn bump(&self) {
+        self.layout_gen
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
     fn apply_to(&self, rank: &RankRef, ev: &Event) {
+        let mut runs = self.runs.write();
         let mut r = rank.write();
+        let gen = r.plan_gen;
         match ev {
-            Event::Stored(s) => r.store(s, &self.counters),
-            Event::Removed(rm) => r.remove(rm, &self.counters),
+            Event::Stored(s) => r.store(s, &self.counters, &mut runs),
+            Event::Removed(rm) => r.remove(rm, &self.counters, &mut runs),
             Event::Cleared(_) => {
                 self.counters.add(Counter::ClearEvents, 1);
                 r.stats.clears += 1;
-                r.clear();
+                r.clear(&mut runs);
             }
+        }
+        if r.plan_gen != gen {
+            self.bump();
         }
     }
 
@@ -257,11 +351,36 @@ impl Index {
     /// Empties one rank (the intake calls this when its stream cannot be recovered) and sets
     /// or clears its degraded mark.
     pub fn clear_rank(&self, worker: &WorkerId, dp_rank: u32) {
-        self.rank(worker, dp_rank).write().clear();
+        let rank = self.rank(worker, dp_rank);
+        let mut runs = self.runs.write();
+        rank.write().clear(&mut runs);
     }
 
     pub fn set_degraded(&self, worker: &WorkerId, dp_rank: u32, degraded: bool) {
-        self.rank(worker, dp_rank).write().degraded = degraded;
+        let rank = self.rank(worker, dp_rank);
+        let _runs = self.runs.write();
+        let mut r = rank.write();
+        if r.degraded != degraded {
+            r.degraded = degraded;
+            self.bump();
+        }
+    }
+
+    /// The (worker, rank) behind an id from `hits`; `None` once the rank is gone.
+    pub fn rank_key(&self, id: RankId) -> Option<(WorkerId, u32)> {
+        self.ranks.read().by_id.get(&id.0).cloned()
+    }
+
+    /// A known rank's id.
+    pub fn rank_id(&self, worker: &WorkerId, dp_rank: u32) -> Option<RankId> {
+        let rank = self
+            .ranks
+            .read()
+            .by_key
+            .get(&(worker.clone(), dp_rank))
+            .cloned()?;
+        let id = rank.read().id;
+        Some(RankId(id))
     }
 
     /// Workers and ranks known, sorted.
@@ -306,25 +425,28 @@ impl Index {
 
     /// Device contents per (worker, rank) → group → hash → copies (empty groups left out).
     pub fn contents(&self) -> BTreeMap<(WorkerId, u32), BTreeMap<u32, BTreeMap<u64, u32>>> {
-        self.ranks
-            .read()
+        let ranks = self.ranks.read();
+        let runs = self.runs.read();
+        ranks
             .sorted
             .iter()
-            .map(|(k, r)| (k.clone(), r.read().contents()))
+            .map(|(k, r)| (k.clone(), r.read().contents(&runs)))
             .filter(|(_, c)| !c.is_empty())
             .collect()
     }
 
     pub fn stats(&self) -> IndexStats {
         let ranks = self.ranks.read();
+        let runs = self.runs.read();
         let mut s = IndexStats {
             ranks: ranks.sorted.len(),
+            heap_bytes: runs.heap_bytes(),
             ..IndexStats::default()
         };
         for (_, r) in &ranks.sorted {
             let r = r.read();
             s.holders += r.groups.len();
-            s.block_copies += r.block_copies();
+            s.block_copies += r.block_copies(&runs);
             s.heap_bytes += r.heap_bytes();
         }
         s
@@ -359,10 +481,12 @@ impl Index {
 
     fn predict_each(&self, chains: &mut Chains<'_>, detail: Detail) -> Vec<Prediction> {
         let ranks = self.ranks.read();
+        let runs = self.runs.read();
         let mut out = Vec::with_capacity(ranks.sorted.len());
         for ((w, d), r) in &ranks.sorted {
-            out.push(predict_rank(w, *d, &r.read(), chains, detail));
+            out.push(predict_rank(w, *d, &r.read(), &runs, chains, detail));
         }
+        drop(runs);
         drop(ranks);
         self.counters.add(Counter::Predictions, 1);
         out
@@ -383,15 +507,12 @@ impl Index {
         detail: Detail,
     ) -> Prediction {
         self.counters.add(Counter::Predictions, 1);
-        let rank = self
-            .ranks
-            .read()
-            .by_key
-            .get(&(worker.clone(), dp_rank))
-            .cloned();
+        let ranks = self.ranks.read();
+        let rank = ranks.by_key.get(&(worker.clone(), dp_rank));
+        let runs = self.runs.read();
         let mut chains = Chains::new(q);
         match rank {
-            Some(r) => predict_rank(worker, dp_rank, &r.read(), &mut chains, detail),
+            Some(r) => predict_rank(worker, dp_rank, &r.read(), &runs, &mut chains, detail),
             None => Prediction {
                 worker: worker.clone(),
                 dp_rank,
@@ -408,10 +529,11 @@ impl Index {
 /// Holders a prediction resolves on the stack; a layout with more groups takes a `Vec`.
 pub const STACK_HOLDERS: usize = 8;
 
-fn predict_rank(
+pub(crate) fn predict_rank(
     worker: &WorkerId,
     dp_rank: u32,
     r: &RankState,
+    runs: &Runs,
     chains: &mut Chains<'_>,
     detail: Detail,
 ) -> Prediction {
@@ -427,9 +549,39 @@ fn predict_rank(
     };
     let Some(p) = plan.params else { return pred };
     let (n_tokens, skip) = (chains.n_tokens, chains.skip);
-    let chain = chains.get(&r.config.hash, p.hash_block);
+    let mode = &r.config.hash;
+    let h = p.hash_block;
+    // Full-attention groups live in the shared store: walk the request through it once per
+    // setting and stride (every rank of a fleet usually shares one), then read each holder's
+    // leading blocks from the walk.
+    for (spec, ids) in &plan.lookups {
+        if let Some(k) = shared_stride(spec, h) {
+            if ids
+                .iter()
+                .any(|g| r.groups.get(g).is_some_and(|s| s.shared.is_some()))
+            {
+                chains.ensure_walk(mode, h, k, runs);
+            }
+        }
+    }
+    chains.ensure(mode, h);
+    let chains = &*chains;
+    let chain = chains.chain(mode, h);
     let empty = Multiset::default();
-    let holder = |g: &u32| r.groups.get(g).map_or(&empty, |s| &s.holder);
+    let holder = |spec: &GroupSpec, g: &u32| match r.groups.get(g) {
+        Some(s) => match s.shared {
+            Some(id) => HolderRef::Shared {
+                runs,
+                id,
+                prefix: shared_stride(spec, h)
+                    .and_then(|k| chains.walk(mode, h, k))
+                    .and_then(|w| w.get(id as usize))
+                    .map(|p| *p as u64),
+            },
+            None => HolderRef::Own(&s.holder),
+        },
+        None => HolderRef::Own(&empty),
+    };
     let chunk = r.config.lookup.chunk_size;
     let evidence = detail == Detail::Evidence;
     let j = with_lookups(plan, &empty, holder, |lookups| {
@@ -441,11 +593,38 @@ fn predict_rank(
     pred
 }
 
+/// Walks `chain`, every `k`-th hash (from the `k`-th), through the shared store: (holder,
+/// leading blocks) of every holder of its first block.
+pub(crate) fn walk_strided(runs: &Runs, chain: &[u64], k: u32, out: &mut Vec<(u32, u32)>) {
+    if k <= 1 {
+        runs.walk(chain, out);
+    } else {
+        let strided: Vec<u64> = chain
+            .get(k as usize - 1..)
+            .unwrap_or_default()
+            .iter()
+            .step_by(k as usize)
+            .copied()
+            .collect();
+        runs.walk(&strided, out);
+    }
+}
+
+/// The stride (hash blocks per block) of a full-attention group kept in the shared store, when
+/// its block is a whole number of hash blocks.
+pub(crate) fn shared_stride(spec: &GroupSpec, h: u32) -> Option<u32> {
+    (spec.rule() == Rule::FullAttention
+        && h > 0
+        && spec.block_size > 0
+        && spec.block_size.is_multiple_of(h))
+    .then(|| spec.block_size / h)
+}
+
 /// Runs `f` on the plan's lookups with their holders resolved, on the stack when they fit.
 fn with_lookups<'a, T>(
     plan: &'a Plan,
     empty: &'a Multiset,
-    holder: impl Fn(&u32) -> &'a Multiset,
+    holder: impl Fn(&'a GroupSpec, &u32) -> HolderRef<'a>,
     f: impl FnOnce(&[Lookup<'_>]) -> T,
 ) -> T {
     let Some((first, _)) = plan.lookups.first() else {
@@ -459,12 +638,13 @@ fn with_lookups<'a, T>(
         holders: &[],
     };
     if n <= STACK_LOOKUPS && total <= STACK_HOLDERS {
-        let mut hs = [empty; STACK_HOLDERS];
-        for (slot, g) in hs
-            .iter_mut()
-            .zip(plan.lookups.iter().flat_map(|(_, ids)| ids))
-        {
-            *slot = holder(g);
+        let mut hs = [HolderRef::Own(empty); STACK_HOLDERS];
+        for (slot, (spec, g)) in hs.iter_mut().zip(
+            plan.lookups
+                .iter()
+                .flat_map(|(spec, ids)| ids.iter().map(move |g| (spec, g))),
+        ) {
+            *slot = holder(spec, g);
         }
         let mut lks = [dummy; STACK_LOOKUPS];
         let mut at = 0;
@@ -478,10 +658,10 @@ fn with_lookups<'a, T>(
         }
         f(&lks[..n])
     } else {
-        let hs: Vec<&Multiset> = plan
+        let hs: Vec<HolderRef<'a>> = plan
             .lookups
             .iter()
-            .flat_map(|(_, ids)| ids.iter().map(&holder))
+            .flat_map(|(spec, ids)| ids.iter().map(|g| holder(spec, g)))
             .collect();
         let mut lks = Vec::with_capacity(n);
         let mut at = 0;

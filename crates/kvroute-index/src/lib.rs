@@ -15,9 +15,12 @@ pub mod index;
 pub mod layout;
 pub mod rank;
 pub mod rules;
+pub mod runs;
+mod sparse;
 
 pub use hash::{BlockExtras, HashAlgo};
-pub use index::{Detail, Index, IndexStats, Prediction, Query};
+pub use index::{Detail, Index, IndexStats, Prediction, Query, RankId};
 pub use layout::{GroupSpec, Layout, LookupConfig, Params};
 pub use rank::{HashMode, RankStats, WorkerConfig};
+pub use sparse::Hit;
 pub mod reference;

@@ -10,10 +10,11 @@
 //! Must not: lock anything (the index serializes access per rank) or predict.
 
 use crate::counters::{Counter, Counters};
-use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Stored, WorkerId};
+use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Rule, Stored, WorkerId};
 use crate::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
 use crate::holder::{MixBuild, Multiset};
 use crate::layout::{Layout, Learned, LookupConfig, Params, Plan};
+use crate::runs::Runs;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
@@ -70,7 +71,10 @@ pub struct RankStats {
 
 #[derive(Default, Clone, Debug)]
 pub(crate) struct GroupState {
+    /// The group's blocks, unless it is full attention: then `shared` is its holder id in the
+    /// index's shared run store and `holder` stays empty.
     pub holder: Multiset,
+    pub shared: Option<u32>,
     /// Content-key mode: engine hash → (content key, copies).
     pub content: HashMap<u64, (u64, u32), MixBuild>,
 }
@@ -88,13 +92,23 @@ impl GroupMap {
             .map(|i| &self.0[i].1)
     }
 
-    /// The group's state, created empty if new.
-    pub fn entry_or_default(&mut self, group: u32) -> &mut GroupState {
+    /// The group's state, created empty if new; a new full-attention group (`shared`) gets a
+    /// holder id in the shared run store.
+    pub fn entry_or_default(
+        &mut self,
+        group: u32,
+        shared: bool,
+        runs: &mut Runs,
+    ) -> &mut GroupState {
         let i = match self.0.binary_search_by_key(&group, |(g, _)| *g) {
             Ok(i) => i,
             Err(i) => {
                 self.0.reserve_exact(1);
-                self.0.insert(i, (group, GroupState::default()));
+                let state = GroupState {
+                    shared: shared.then(|| runs.add_holder()),
+                    ..GroupState::default()
+                };
+                self.0.insert(i, (group, state));
                 i
             }
         };
@@ -117,7 +131,13 @@ impl GroupMap {
         self.0.len()
     }
 
-    pub fn clear(&mut self) {
+    /// Drops every group, giving shared holder ids back.
+    pub fn clear(&mut self, runs: &mut Runs) {
+        for (_, g) in &self.0 {
+            if let Some(id) = g.shared {
+                runs.release_holder(id);
+            }
+        }
         self.0 = Vec::new();
     }
 }
@@ -130,6 +150,10 @@ pub struct RankState {
     pub(crate) hasher: Option<BlockHasher>,
     pub layout: Layout,
     pub(crate) plan: Plan,
+    /// Bumped whenever `plan` is re-derived (the index rebuilds its roster of shared holders).
+    pub(crate) plan_gen: u64,
+    /// The index's id for this rank (set when the index creates it).
+    pub(crate) id: u32,
     pub(crate) groups: GroupMap,
     pub(crate) offload: BTreeMap<String, Multiset>,
     /// Full digests of blocks the router recomputed, by 64-bit value (parents for the check).
@@ -148,6 +172,8 @@ impl RankState {
             hasher: None,
             layout: Layout::default(),
             plan: Plan::default(),
+            plan_gen: 0,
+            id: 0,
             groups: GroupMap::default(),
             offload: BTreeMap::new(),
             digests: HashMap::default(),
@@ -187,27 +213,40 @@ impl RankState {
     }
 
     fn replan(&mut self) {
+        self.plan_gen += 1;
         self.plan = self.layout.plan(&self.config.lookup);
     }
 
     /// Empties every device group (the layout stays known).
-    pub fn clear(&mut self) {
+    pub fn clear(&mut self, runs: &mut Runs) {
         for g in self.groups.values_mut() {
             g.holder.clear();
             g.content.clear();
+            if let Some(id) = g.shared {
+                runs.clear_holder(id);
+            }
         }
         self.digests.clear();
     }
 
-    /// Forgets everything, layout included.
-    pub fn reset(&mut self) {
-        self.groups.clear();
+    /// Forgets everything, layout included, and gives its shared holder ids back (call before
+    /// dropping a rank).
+    pub fn reset(&mut self, runs: &mut Runs) {
+        self.groups.clear(runs);
         self.layout = Layout::default();
         self.replan();
         self.digests.clear();
     }
 
-    pub fn store(&mut self, ev: &Stored, counters: &Counters) {
+    /// Whether `group` is kept in the shared run store (a full-attention kind).
+    fn is_shared(&self, group: u32) -> bool {
+        self.layout
+            .groups
+            .get(&group)
+            .is_some_and(|g| g.rule() == Rule::FullAttention)
+    }
+
+    pub fn store(&mut self, ev: &Stored, counters: &Counters, runs: &mut Runs) {
         counters.add(Counter::StoreEvents, 1);
         self.stats.stores += 1;
         if !is_device_medium(ev.medium.as_deref()) {
@@ -261,29 +300,38 @@ impl RankState {
                     "a group changed kind or window: the rank was cleared",
                 );
                 self.stats.layout_changes += 1;
-                self.reset();
+                self.reset(runs);
                 self.layout
                     .learn(group, &kind, ev.sliding_window, ev.block_size);
                 self.replan();
             }
         }
+        let shared = self.is_shared(group);
         match self.config.hash {
             HashMode::Engine { .. } => {
-                let g = self.groups.entry_or_default(group);
-                g.holder.reserve(ev.hashes.len());
-                for h in &ev.hashes {
-                    g.holder.insert(h.value.0);
+                let g = self.groups.entry_or_default(group, shared, runs);
+                match g.shared {
+                    Some(id) => {
+                        let hashes: Vec<u64> = ev.hashes.iter().map(|h| h.value.0).collect();
+                        runs.insert(id, ev.parent.as_ref().map(|p| p.value.0), &hashes);
+                    }
+                    None => {
+                        g.holder.reserve(ev.hashes.len());
+                        for h in &ev.hashes {
+                            g.holder.insert(h.value.0);
+                        }
+                    }
                 }
                 counters.add(Counter::BlocksStored, ev.hashes.len() as u64);
                 if self.config.verify_hashes {
                     self.check_hashes(ev, counters);
                 }
             }
-            HashMode::ContentKey => self.store_content(group, ev, counters),
+            HashMode::ContentKey => self.store_content(group, shared, ev, counters, runs),
         }
     }
 
-    pub fn remove(&mut self, ev: &Removed, counters: &Counters) {
+    pub fn remove(&mut self, ev: &Removed, counters: &Counters, runs: &mut Runs) {
         counters.add(Counter::RemoveEvents, 1);
         self.stats.removals += 1;
         if !is_device_medium(ev.medium.as_deref()) {
@@ -310,8 +358,11 @@ impl RankState {
             return;
         }
         let content_mode = self.config.hash == HashMode::ContentKey;
-        let g = self.groups.entry_or_default(group);
+        let shared = self.is_shared(group);
+        let g = self.groups.entry_or_default(group, shared, runs);
         let (mut removed, mut unknown) = (0u64, 0u64);
+        // Shared groups remove a whole event's keys at once (runs cut once per stretch).
+        let mut batch: Vec<u64> = Vec::new();
         for h in &ev.hashes {
             let key = if content_mode {
                 match g.content.get_mut(&h.value.0) {
@@ -328,10 +379,16 @@ impl RankState {
             } else {
                 Some(h.value.0)
             };
-            match key {
-                Some(k) if g.holder.remove(k) => removed += 1,
+            match (key, g.shared) {
+                (Some(k), Some(_)) => batch.push(k),
+                (Some(k), None) if g.holder.remove(k) => removed += 1,
                 _ => unknown += 1,
             }
+        }
+        if let Some(id) = g.shared {
+            let (r, u) = runs.remove(id, &batch);
+            removed += r;
+            unknown += u;
         }
         // One atomic add per event, not per block.
         counters.add(Counter::BlocksRemoved, removed);
@@ -347,7 +404,14 @@ impl RankState {
     }
 
     /// Content-key mode: place a store's blocks by the router's own chained keys.
-    fn store_content(&mut self, group: u32, ev: &Stored, counters: &Counters) {
+    fn store_content(
+        &mut self,
+        group: u32,
+        shared: bool,
+        ev: &Stored,
+        counters: &Counters,
+        runs: &mut Runs,
+    ) {
         let h = self.params().map_or(ev.block_size, |p| p.hash_block).max(1) as usize;
         let b = ev.block_size as usize;
         let dense = !ev.hashes.is_empty()
@@ -382,16 +446,24 @@ impl RankState {
                 }
             }
         }
-        let g = self.groups.entry_or_default(group);
+        let parent_key = parent_key.flatten();
+        let g = self.groups.entry_or_default(group, shared, runs);
+        let mut batch: Vec<u64> = Vec::new();
         for (hsh, key) in ev.hashes.iter().zip(keys) {
             match key {
                 Some(k) => {
-                    g.holder.insert(k);
+                    match g.shared {
+                        Some(_) => batch.push(k),
+                        None => g.holder.insert(k),
+                    }
                     g.content.entry(hsh.value.0).or_insert((k, 0)).1 += 1;
                     placed += 1;
                 }
                 None => unplaceable += 1,
             }
+        }
+        if let Some(id) = g.shared {
+            runs.insert(id, parent_key, &batch);
         }
         counters.add(Counter::BlocksStored, placed);
         if unplaceable > 0 {
@@ -504,10 +576,16 @@ impl RankState {
     }
 
     /// (group, hash, copies) of every device block, sorted: the state compared in tests.
-    pub fn contents(&self) -> BTreeMap<u32, BTreeMap<u64, u32>> {
+    pub fn contents(&self, runs: &Runs) -> BTreeMap<u32, BTreeMap<u64, u32>> {
         self.groups
             .iter()
-            .map(|(g, s)| (*g, s.holder.iter().collect::<BTreeMap<u64, u32>>()))
+            .map(|(g, s)| {
+                let blocks = match s.shared {
+                    Some(id) => runs.holder_contents(id).into_iter().collect(),
+                    None => s.holder.iter().collect::<BTreeMap<u64, u32>>(),
+                };
+                (*g, blocks)
+            })
             .filter(|(_, m)| !m.is_empty())
             .collect()
     }
@@ -519,6 +597,7 @@ impl RankState {
             .collect()
     }
 
+    /// Heap bytes of the rank's own holders (shared groups live in the index's run store).
     pub(crate) fn heap_bytes(&self) -> usize {
         self.groups
             .values()
@@ -527,8 +606,11 @@ impl RankState {
             + self.digests.capacity() * 41
     }
 
-    pub(crate) fn block_copies(&self) -> u64 {
-        self.groups.values().map(|g| g.holder.total()).sum()
+    pub(crate) fn block_copies(&self, runs: &Runs) -> u64 {
+        self.groups
+            .values()
+            .map(|g| g.shared.map_or(g.holder.total(), |id| runs.total(id)))
+            .sum()
     }
 }
 

@@ -11,6 +11,7 @@
 use crate::event::Rule;
 use crate::holder::Multiset;
 use crate::layout::{GroupSpec, Params};
+use crate::runs::Runs;
 use serde::Serialize;
 
 /// One coordinator lookup: groups with an identical spec, looked up together.
@@ -18,7 +19,37 @@ use serde::Serialize;
 pub struct Lookup<'a> {
     pub spec: &'a GroupSpec,
     pub groups: &'a [u32],
-    pub holders: &'a [&'a Multiset],
+    pub holders: &'a [HolderRef<'a>],
+}
+
+/// One group's blocks as the rules see them: its own multiset, or its id in the shared run
+/// store with, when the index walked the request through the store already, the number of
+/// leading blocks of the request (in the group's own blocks) it holds.
+#[derive(Clone, Copy)]
+pub enum HolderRef<'a> {
+    Own(&'a Multiset),
+    Shared {
+        runs: &'a Runs,
+        id: u32,
+        prefix: Option<u64>,
+    },
+}
+
+impl HolderRef<'_> {
+    #[inline]
+    pub fn contains(&self, h: u64) -> bool {
+        match self {
+            HolderRef::Own(m) => m.contains(h),
+            HolderRef::Shared { runs, id, .. } => runs.contains(*id, h),
+        }
+    }
+
+    fn prefix(&self) -> Option<u64> {
+        match self {
+            HolderRef::Own(_) => None,
+            HolderRef::Shared { prefix, .. } => *prefix,
+        }
+    }
 }
 
 /// What one group alone could serve, for `explain` and the group-blind comparison.
@@ -48,7 +79,7 @@ pub const STACK_LOOKUPS: usize = 4;
 #[derive(Clone, Copy)]
 struct View<'a> {
     hashes: &'a [u64],
-    holders: &'a [&'a Multiset],
+    holders: &'a [HolderRef<'a>],
     block: u64,
     k: u64,
     h: u64,
@@ -73,6 +104,14 @@ impl View<'_> {
 
     /// Leading blocks present, at most `max_blocks`.
     fn leading(&self, max_blocks: u64) -> u64 {
+        // Walked already: the blocks every holder holds from the start is the least of theirs.
+        let known = self
+            .holders
+            .iter()
+            .try_fold(u64::MAX, |least, hd| hd.prefix().map(|p| least.min(p)));
+        if let Some(p) = known.filter(|_| !self.holders.is_empty()) {
+            return p.min(max_blocks);
+        }
         let k = self.k as usize;
         let blocks = self.hashes.get(k - 1..).unwrap_or_default();
         let take = usize::try_from(max_blocks).unwrap_or(usize::MAX);
@@ -223,7 +262,7 @@ impl View<'_> {
 
 fn make_view<'a>(
     spec: &GroupSpec,
-    holders: &'a [&'a Multiset],
+    holders: &'a [HolderRef<'a>],
     hashes: &'a [u64],
     p: &Params,
 ) -> Option<View<'a>> {

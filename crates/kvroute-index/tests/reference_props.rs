@@ -87,6 +87,16 @@ fn stored(worker: &str, rank: u32, group: u32, g: &Group, block: u32, hashes: Ve
 }
 
 /// Returns (predictions compared, non-zero ones, ones where group-blind differs).
+/// The sparse routing prediction is the dense one without its zeros, in the same order.
+fn assert_hits_are_the_nonzero_predictions(fast: &Index, q: &Query, at: &str) {
+    let dense: Vec<_> = fast
+        .predict_all_detail(q, Detail::Cached)
+        .into_iter()
+        .filter(|p| p.cached > 0 || p.group_blind > 0)
+        .collect();
+    assert_eq!(fast.predict_hits(q), dense, "{at}: predict_hits");
+}
+
 fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
     let mut tally = (0usize, 0usize, 0usize);
     let mut rng = StdRng::seed_from_u64(seed);
@@ -220,6 +230,7 @@ fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
                 tally.1 += usize::from(want.0 > 0);
                 tally.2 += usize::from(want.0 != want.1);
             }
+            assert_hits_are_the_nonzero_predictions(&fast, &q, &format!("seed {seed} step {step}"));
             continue;
         };
         fast.apply(&ev);
@@ -235,6 +246,7 @@ fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
             tokens: p.clone(),
             ..Query::default()
         };
+        assert_hits_are_the_nonzero_predictions(&fast, &q, &format!("seed {seed}: final"));
         let lean = fast.predict_all_detail(&q, Detail::Cached);
         let full = fast.predict_all(&q);
         assert_eq!(lean.len(), full.len());

@@ -152,6 +152,21 @@ pub fn check_agreement(f: &Fleet, cf: &ChainFleet) {
                 "{layout:?}: cached-only vs evidence"
             );
         }
+        let mut hits: Vec<_> = kv
+            .hits_with_chain(f.request.len(), &f.request_chain)
+            .into_iter()
+            .map(|h| {
+                let (worker, dp_rank) = kv.rank_key(h.rank).expect("a live rank");
+                (worker, dp_rank, h.cached, h.group_blind)
+            })
+            .collect();
+        hits.sort();
+        let nonzero: Vec<_> = lean
+            .iter()
+            .filter(|p| p.cached > 0 || p.group_blind > 0)
+            .map(|p| (p.worker.clone(), p.dp_rank, p.cached, p.group_blind))
+            .collect();
+        assert_eq!(hits, nonzero, "{layout:?}: hits vs every rank");
         assert_eq!(given.len(), WORKERS);
         if layout == Layout::Full {
             for (w, p) in given.iter().enumerate() {

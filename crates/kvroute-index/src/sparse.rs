@@ -1,0 +1,309 @@
+//! The routing prediction that visits only the ranks that can hit: one walk of the request
+//! through the shared run store names every full-attention holder that holds its first block;
+//! a rank whose only lookup is one shared full-attention group is answered from the walk alone,
+//! others of those ranks (and every rank without a shared full-attention group) are predicted
+//! as `predict_all` would.
+//!
+//! Owns: the roster (per shared holder id: its rank, the walk it belongs to, and whether the
+//! walk is its answer), rebuilt when the index's layout generation moves.
+//! Invariants: `predict_hits` equals `predict_all_detail(.., Detail::Cached)` without the
+//! predictions whose `cached` and `group_blind` are both 0 (a rank with a full-attention lookup
+//! that serves nothing predicts 0 and 0; property-tested in `tests/reference_props.rs`); the
+//! roster is used only at the generation it was built for, under the same `ranks` and `runs`
+//! read locks.
+//! Must not: change any state but the roster cache.
+
+use crate::index::{
+    predict_rank, shared_stride, walk_strided, Chains, Detail, Index, Prediction, Query, RankId,
+    Ranks,
+};
+use crate::layout::Params;
+use crate::rank::HashMode;
+use crate::rules::start_length;
+use crate::runs::Runs;
+use serde::Serialize;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// One rank's predicted hit, by the rank's id (`Index::rank_key` names it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Hit {
+    pub rank: RankId,
+    /// Predicted `num_cached_tokens`.
+    pub cached: u64,
+    /// What a router looking only at full-attention groups would predict.
+    pub group_blind: u64,
+    pub params: Option<Params>,
+    pub degraded: bool,
+}
+
+/// What a shared holder's walk means for its rank.
+#[derive(Clone, Debug)]
+struct HolderInfo {
+    /// Index of the rank in `Ranks::sorted` (valid at the roster's generation).
+    rank: usize,
+    id: RankId,
+    /// Index of the walk (setting) in `Roster::walks`.
+    walk: usize,
+    /// The rank's only lookup is this group: its answer is the walk's, aligned.
+    simple: Option<Params>,
+    degraded: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Roster {
+    gen: u64,
+    /// (hash mode, hash block, stride) of every walk a prediction needs.
+    walks: Vec<(HashMode, u32, u32)>,
+    by_holder: Vec<Option<HolderInfo>>,
+    /// Ranks (sorted indexes) without a shared full-attention group: always predicted.
+    always: Vec<usize>,
+}
+
+impl Roster {
+    fn build(gen: u64, ranks: &Ranks, runs: &Runs) -> Roster {
+        let mut roster = Roster {
+            gen,
+            by_holder: vec![None; runs.holder_slots()],
+            ..Roster::default()
+        };
+        for (at, (_, rank)) in ranks.sorted.iter().enumerate() {
+            let r = rank.read();
+            let plan = r.plan();
+            let Some(p) = plan.params else { continue };
+            // A full-attention lookup that the walk can answer (no partial entries inside a
+            // block) and that serves nothing makes the rank predict 0 and 0.
+            let mut skippable = false;
+            for (spec, ids) in &plan.lookups {
+                let Some(k) = shared_stride(spec, p.hash_block) else {
+                    continue;
+                };
+                skippable |= k == 1 || !p.fine_grained;
+                let setting = (r.config.hash.clone(), p.hash_block, k);
+                let walk = match roster.walks.iter().position(|w| *w == setting) {
+                    Some(w) => w,
+                    None => {
+                        roster.walks.push(setting);
+                        roster.walks.len() - 1
+                    }
+                };
+                let simple = plan.lookups.len() == 1
+                    && ids.len() == 1
+                    && !p.eagle
+                    && (k == 1 || !p.fine_grained);
+                for g in ids {
+                    let Some(id) = r.groups.get(g).and_then(|s| s.shared) else {
+                        continue;
+                    };
+                    if let Some(slot) = roster.by_holder.get_mut(id as usize) {
+                        *slot = Some(HolderInfo {
+                            rank: at,
+                            id: RankId(r.id),
+                            walk,
+                            simple: simple.then_some(p),
+                            degraded: r.degraded,
+                        });
+                    }
+                }
+            }
+            if !skippable {
+                roster.always.push(at);
+            }
+        }
+        roster
+    }
+}
+
+impl Index {
+    /// The routing prediction: every rank that predicts a hit (`cached` or `group_blind`
+    /// above 0) with its id, ids ascending; ranks not listed predict 0 and 0. Only
+    /// the ranks holding the request's first block (and ranks without a full-attention group)
+    /// are visited.
+    pub fn hits(&self, q: &Query) -> Vec<Hit> {
+        self.hits_in(&mut Chains::new(q))
+    }
+
+    /// `hits` for a request whose chain the caller computed (as `predict_all_with_chain`).
+    pub fn hits_with_chain(&self, n_tokens: usize, chain: &[u64]) -> Vec<Hit> {
+        self.hits_in(&mut Chains::given(n_tokens, chain))
+    }
+
+    /// `hits` as predictions with their workers' names: `predict_all_detail(q,
+    /// Detail::Cached)` without its zeros.
+    pub fn predict_hits(&self, q: &Query) -> Vec<Prediction> {
+        let hits = self.hits(q);
+        let ranks = self.ranks.read();
+        let mut out: Vec<Prediction> = hits
+            .into_iter()
+            .filter_map(|h| {
+                let (worker, dp_rank) = ranks.by_id.get(&h.rank.0)?.clone();
+                Some(Prediction {
+                    worker,
+                    dp_rank,
+                    cached: h.cached,
+                    group_blind: h.group_blind,
+                    groups: Vec::new(),
+                    params: h.params,
+                    degraded: h.degraded,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.worker, a.dp_rank).cmp(&(&b.worker, b.dp_rank)));
+        out
+    }
+
+    fn current_roster(&self, ranks: &Ranks, runs: &Runs) -> Arc<Roster> {
+        let gen = self.layout_gen.load(Ordering::Acquire);
+        let mut cache = self.roster.lock();
+        match &*cache {
+            Some(r) if r.gen == gen => r.clone(),
+            _ => {
+                let r = Arc::new(Roster::build(gen, ranks, runs));
+                *cache = Some(r.clone());
+                r
+            }
+        }
+    }
+
+    fn hits_in(&self, chains: &mut Chains<'_>) -> Vec<Hit> {
+        let ranks = self.ranks.read();
+        let runs = self.runs.read();
+        let roster = self.current_roster(&ranks, &runs);
+        let (n_tokens, skip) = (chains.n_tokens, chains.skip);
+        let mut visit: Vec<usize> = roster.always.clone();
+        let mut touched: Vec<(u32, u32)> = Vec::with_capacity(64);
+        let mut rows: Vec<Hit> = Vec::new();
+        for (w, (mode, h, k)) in roster.walks.iter().enumerate() {
+            chains.ensure(mode, *h);
+            touched.clear();
+            walk_strided(&runs, chains.chain(mode, *h), *k, &mut touched);
+            rows.reserve(touched.len());
+            let visited = visit.len();
+            let b = (*k as u64) * (*h as u64);
+            // (alignment, most blocks a hit may use, whether a whole block is always aligned):
+            // the divisions are done once per alignment, not once per holder.
+            let mut cap: Option<(u32, u64, bool)> = None;
+            for &(id, blocks) in &touched {
+                let Some(Some(info)) = roster.by_holder.get(id as usize) else {
+                    continue;
+                };
+                if info.walk != w || blocks == 0 {
+                    continue;
+                }
+                match info.simple {
+                    Some(p) => {
+                        let a = p.align.max(1) as u64;
+                        let (most, whole) = match cap {
+                            Some((align, most, whole)) if align == p.align => (most, whole),
+                            _ => {
+                                let most = start_length(n_tokens, p.align) / b;
+                                let whole = b.is_multiple_of(a);
+                                cap = Some((p.align, most, whole));
+                                (most, whole)
+                            }
+                        };
+                        let raw = (blocks as u64).min(most) * b;
+                        let hit = if whole { raw } else { raw / a * a };
+                        if hit > 0 {
+                            let cached = if skip { 0 } else { hit };
+                            rows.push(Hit {
+                                rank: info.id,
+                                cached,
+                                group_blind: hit,
+                                params: Some(p),
+                                degraded: info.degraded,
+                            });
+                        }
+                    }
+                    None => visit.push(info.rank),
+                }
+            }
+            if visit.len() > visited {
+                // The ranks predicted below read this walk instead of walking again.
+                let mut prefix = vec![0u32; runs.holder_slots()];
+                for &(id, blocks) in &touched {
+                    prefix[id as usize] = blocks;
+                }
+                chains.seed_walk(mode, *h, *k, prefix);
+            }
+        }
+        visit.sort_unstable();
+        visit.dedup();
+        for at in visit {
+            let ((worker, dp_rank), rank) = &ranks.sorted[at];
+            let r = rank.read();
+            let pred = predict_rank(worker, *dp_rank, &r, &runs, chains, Detail::Cached);
+            if pred.cached > 0 || pred.group_blind > 0 {
+                rows.push(Hit {
+                    rank: RankId(r.id),
+                    cached: pred.cached,
+                    group_blind: pred.group_blind,
+                    params: pred.params,
+                    degraded: pred.degraded,
+                });
+            }
+        }
+        rows.sort_unstable_by_key(|h| h.rank);
+        drop(runs);
+        drop(ranks);
+        self.counters()
+            .add(crate::counters::Counter::Predictions, 1);
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::event::{CacheKind, Event, Stored};
+    use crate::{Index, Query};
+
+    fn store(worker: &str, group: u32, kind: CacheKind, hashes: &[u64]) -> Event {
+        Event::Stored(Stored::device(worker, group, kind, None, 16, hashes))
+    }
+
+    #[test]
+    fn hits_name_only_the_ranks_that_hold_the_first_block_and_ids_outlive_nothing() {
+        let index = Index::new();
+        let chain = [11u64, 12, 13, 14];
+        index.apply(&store("a", 0, CacheKind::FullAttention, &chain[..3]));
+        index.apply(&store("b", 0, CacheKind::FullAttention, &chain[1..]));
+        index.apply(&store("c", 0, CacheKind::FullAttention, &chain[..1]));
+        // 4 blocks of 16 tokens plus one: at most 64 tokens can be served.
+        let hits = index.hits_with_chain(65, &chain);
+        let named: Vec<(String, u64)> = hits
+            .iter()
+            .map(|h| {
+                let (w, _) = index.rank_key(h.rank).unwrap();
+                (w.to_string(), h.cached)
+            })
+            .collect();
+        assert_eq!(named, vec![("a".into(), 48), ("c".into(), 16)]);
+        let a = index.rank_id(&"a".into(), 0).unwrap();
+        assert_eq!(hits[0].rank, a);
+        index.remove_worker(&"a".into());
+        assert_eq!(index.rank_key(a), None);
+        index.apply(&store("a", 0, CacheKind::FullAttention, &chain[..3]));
+        assert_ne!(
+            index.rank_id(&"a".into(), 0),
+            Some(a),
+            "ids are never reused"
+        );
+        assert_eq!(index.hits_with_chain(65, &chain).len(), 2);
+    }
+
+    #[test]
+    fn an_empty_request_hits_nothing_and_a_hit_is_bounded_by_the_blocks_held() {
+        let index = Index::new();
+        let chain = [21u64, 22, 23];
+        index.apply(&store("a", 0, CacheKind::FullAttention, &chain));
+        let q = Query {
+            tokens: Vec::new(),
+            skip_prefix_cache: true,
+            ..Query::default()
+        };
+        // An empty request has no chain: nobody hits.
+        assert!(index.predict_hits(&q).is_empty());
+        let given = index.hits_with_chain(100, &chain);
+        assert_eq!((given[0].cached, given[0].group_blind), (48, 48));
+    }
+}
