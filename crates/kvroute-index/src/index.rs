@@ -3,11 +3,12 @@
 //! Owns: the map (worker, rank) → `RankState` (and the same ranks sorted, the order predictions
 //! return), per-worker configuration, index-wide counters, and the prediction entry points (one
 //! request against every worker, or one worker; with each group's evidence or without).
-//! Invariants: one event is applied under its rank's write lock, so a prediction never sees
-//! half of an event; events of different workers never wait on each other (the outer map is
-//! write-locked only to add or drop a rank; a prediction holds it read-locked while it visits
-//! the ranks); a request is hashed once per distinct hash setting; a prediction without
-//! evidence allocates only its result (layouts of at most `STACK_HOLDERS` groups).
+//! Invariants: one event is applied holding the shared run store's write lock and its rank's
+//! write lock, so a prediction (holding the store's read lock throughout) never sees half of an
+//! event; lock order is `configs`, `ranks`, `runs`, one rank; the outer map is write-locked only
+//! to add or drop a rank; a request is hashed once per distinct hash setting and walked through
+//! the shared store once per setting and stride; a rank is dropped only after giving its shared
+//! holder ids back.
 //! Must not: decode wire bytes or talk to sockets.
 
 use crate::counters::{Counter, Counters};
