@@ -76,14 +76,14 @@ pub(crate) struct Ranks {
     pub(crate) by_key: HashMap<RankKey, RankRef, MixBuild>,
     pub(crate) sorted: Vec<(RankKey, RankRef)>,
     /// Every live rank by its id; ids are never reused.
-    pub(crate) by_id: HashMap<u32, RankKey, MixBuild>,
-    next_id: u32,
+    pub(crate) by_id: HashMap<u64, RankKey, MixBuild>,
+    next_id: u64,
 }
 
 /// A rank's compact id in this index (what `Index::hits` answers with): never reused, so an
 /// id of a removed rank resolves to nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct RankId(pub u32);
+pub struct RankId(pub u64);
 
 /// The hybrid cache index.
 #[derive(Default)]
@@ -266,7 +266,9 @@ impl Index {
             let mut runs = self.runs.write();
             for ((w, _), r) in &ranks.sorted {
                 if w == worker {
-                    r.write().reset(&mut runs);
+                    let mut r = r.write();
+                    r.reset(&mut runs);
+                    r.dropped = true;
                 }
             }
             ranks.by_key.retain(|(w, _), _| w != worker);
@@ -289,7 +291,7 @@ impl Index {
         }
         let mut state = RankState::new(config);
         state.id = ranks.next_id;
-        ranks.next_id = ranks.next_id.wrapping_add(1);
+        ranks.next_id += 1;
         ranks.by_id.insert(state.id, key.clone());
         let r: RankRef = Arc::new(RwLock::new(state));
         let at = ranks
@@ -317,6 +319,10 @@ impl Index {
     fn apply_to(&self, rank: &RankRef, ev: &Event) {
         let mut runs = self.runs.write();
         let mut r = rank.write();
+        if r.dropped {
+            // The worker was removed while this event was on its way.
+            return;
+        }
         let gen = r.plan_gen;
         match ev {
             Event::Stored(s) => r.store(s, &self.counters, &mut runs),
@@ -354,7 +360,10 @@ impl Index {
     pub fn clear_rank(&self, worker: &WorkerId, dp_rank: u32) {
         let rank = self.rank(worker, dp_rank);
         let mut runs = self.runs.write();
-        rank.write().clear(&mut runs);
+        let mut r = rank.write();
+        if !r.dropped {
+            r.clear(&mut runs);
+        }
     }
 
     pub fn set_degraded(&self, worker: &WorkerId, dp_rank: u32, degraded: bool) {
@@ -708,6 +717,26 @@ mod tests {
         hashes: &[u64],
     ) -> Event {
         Event::Stored(Stored::device(worker, group, kind, window, 16, hashes))
+    }
+
+    #[test]
+    fn an_event_for_a_worker_removed_on_its_way_files_nothing_in_the_shared_store() {
+        let index = Index::new();
+        let worker: WorkerId = "gone".into();
+        let ev = store("gone", 0, CacheKind::FullAttention, None, &[1, 2, 3]);
+        // A batch took the rank's handle, then the worker was removed.
+        let rank = index.rank(&worker, 0);
+        index.apply_to(&rank, &ev);
+        assert_eq!(index.runs.read().distinct_blocks(), 3);
+        index.remove_worker(&worker);
+        assert_eq!(index.runs.read().distinct_blocks(), 0);
+        index.apply_to(&rank, &ev);
+        assert_eq!(index.runs.read().distinct_blocks(), 0);
+        assert_eq!(
+            index.runs.read().holder_slots(),
+            1,
+            "no new holder was given out"
+        );
     }
 
     #[test]

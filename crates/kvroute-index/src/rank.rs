@@ -153,7 +153,10 @@ pub struct RankState {
     /// Bumped whenever `plan` is re-derived (the index rebuilds its roster of shared holders).
     pub(crate) plan_gen: u64,
     /// The index's id for this rank (set when the index creates it).
-    pub(crate) id: u32,
+    pub(crate) id: u64,
+    /// Set (under the shared store's write lock) when the index drops the rank: an event still
+    /// in flight for it is ignored instead of filing blocks nobody would ever release.
+    pub(crate) dropped: bool,
     pub(crate) groups: GroupMap,
     pub(crate) offload: BTreeMap<String, Multiset>,
     /// Full digests of blocks the router recomputed, by 64-bit value (parents for the check).
@@ -174,6 +177,7 @@ impl RankState {
             plan: Plan::default(),
             plan_gen: 0,
             id: 0,
+            dropped: false,
             groups: GroupMap::default(),
             offload: BTreeMap::new(),
             digests: HashMap::default(),

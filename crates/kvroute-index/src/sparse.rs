@@ -291,6 +291,97 @@ mod tests {
         assert_eq!(index.hits_with_chain(65, &chain).len(), 2);
     }
 
+    /// `predict_hits` is the dense prediction without its zeros, whatever the settings.
+    fn assert_hits_match(index: &Index, q: &Query) {
+        let dense: Vec<_> = index
+            .predict_all_detail(q, crate::Detail::Cached)
+            .into_iter()
+            .filter(|p| p.cached > 0 || p.group_blind > 0)
+            .collect();
+        assert_eq!(index.predict_hits(q), dense);
+    }
+
+    #[test]
+    fn hits_follow_configuration_degraded_marks_clears_and_mixed_hash_settings() {
+        use crate::index::block_hashes;
+        use crate::{BlockExtras, HashAlgo, HashMode, LookupConfig, WorkerConfig};
+        let tokens: Vec<u32> = (0..16 * 8 + 1).map(|i| i * 13 % 997).collect();
+        let chain = |algo, block: usize| -> Vec<u64> {
+            block_hashes(
+                algo,
+                crate::hash::DEFAULT_SEED,
+                block,
+                &tokens[..tokens.len() - 1],
+                &BlockExtras::default(),
+            )
+            .into_iter()
+            .map(|(_, v, _)| v)
+            .collect()
+        };
+        let index = Index::new();
+        let q = Query {
+            tokens: tokens.clone(),
+            ..Query::default()
+        };
+        // a: sha256 at 16; b: sha256_cbor at 16; c: sha256 hashed at 16 with 32-token blocks.
+        index.configure_worker(
+            &"b".into(),
+            WorkerConfig {
+                hash: HashMode::Engine {
+                    algo: HashAlgo::Sha256Cbor,
+                    seed: crate::hash::DEFAULT_SEED.into(),
+                },
+                ..WorkerConfig::default()
+            },
+        );
+        index.configure_worker(
+            &"c".into(),
+            WorkerConfig {
+                lookup: LookupConfig {
+                    hash_block_size: Some(16),
+                    ..LookupConfig::default()
+                },
+                ..WorkerConfig::default()
+            },
+        );
+        let sha16 = chain(HashAlgo::Sha256, 16);
+        let cbor16 = chain(HashAlgo::Sha256Cbor, 16);
+        index.apply(&store("a", 0, CacheKind::FullAttention, &sha16[..5]));
+        index.apply(&store("b", 0, CacheKind::FullAttention, &cbor16[..3]));
+        let every_other: Vec<u64> = sha16.iter().skip(1).step_by(2).copied().collect();
+        index.apply(&Event::Stored(Stored::device(
+            "c",
+            0,
+            CacheKind::FullAttention,
+            None,
+            32,
+            &every_other[..2],
+        )));
+        assert_hits_match(&index, &q);
+        let cached: Vec<u64> = index.predict_hits(&q).iter().map(|p| p.cached).collect();
+        assert_eq!(cached, vec![80, 48, 64]);
+        index.set_degraded(&"a".into(), 0, true);
+        assert_hits_match(&index, &q);
+        assert!(index.predict_hits(&q)[0].degraded);
+        index.clear_rank(&"b".into(), 0);
+        assert_hits_match(&index, &q);
+        // A hash-mode change restarts the worker's ranks empty.
+        index.configure_worker(
+            &"a".into(),
+            WorkerConfig {
+                hash: HashMode::ContentKey,
+                ..WorkerConfig::default()
+            },
+        );
+        assert_hits_match(&index, &q);
+        let workers: Vec<String> = index
+            .predict_hits(&q)
+            .iter()
+            .map(|p| p.worker.to_string())
+            .collect();
+        assert_eq!(workers, vec!["c".to_string()]);
+    }
+
     #[test]
     fn an_empty_request_hits_nothing_and_a_hit_is_bounded_by_the_blocks_held() {
         let index = Index::new();
