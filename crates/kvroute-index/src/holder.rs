@@ -132,6 +132,11 @@ impl Multiset {
         self.total = 0;
     }
 
+    /// Every distinct hash (unordered).
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.once.iter().copied()
+    }
+
     /// Every distinct hash with its count (unordered).
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.once.iter().map(move |h| (*h, self.count(*h)))

@@ -112,9 +112,9 @@ pub(crate) struct Chains<'q> {
     source: Source<'q>,
     /// (mode, hash block, chain) per distinct setting seen (usually one).
     cache: Vec<(HashMode, u32, Vec<u64>)>,
-    /// (mode, hash block, stride, leading blocks per shared holder id): the request walked
-    /// through the shared run store once per setting and group block size.
-    walks: Vec<(HashMode, u32, u32, Vec<u32>)>,
+    /// (chain slot, stride, leading blocks per shared holder id): the request walked through
+    /// the shared run store once per setting and group block size.
+    walks: Vec<(usize, u32, Vec<u32>)>,
 }
 
 enum Source<'q> {
@@ -145,76 +145,75 @@ impl<'q> Chains<'q> {
         }
     }
 
-    /// The chain at (mode, h), computed by `ensure` before.
-    pub(crate) fn chain(&self, mode: &HashMode, h: u32) -> &[u64] {
-        match self.source {
-            Source::Given(chain) => chain,
-            Source::Tokens(_) => self
-                .cache
-                .iter()
-                .find(|(m, hb, _)| *hb == h && m == mode)
-                .map_or(&[][..], |(_, _, c)| c),
-        }
-    }
-
-    /// Walks the request at (mode, h), every `k`-th hash, through the shared store, once.
-    pub(crate) fn ensure_walk(&mut self, mode: &HashMode, h: u32, k: u32, runs: &Runs) {
-        if self.walk(mode, h, k).is_some() {
-            return;
-        }
-        self.ensure(mode, h);
-        let chain = self.chain(mode, h);
-        let mut touched = Vec::new();
-        walk_strided(runs, chain, k, &mut touched);
-        let mut prefix = vec![0u32; runs.holder_slots()];
-        for (id, blocks) in touched {
-            prefix[id as usize] = blocks;
-        }
-        self.walks.push((mode.clone(), h, k, prefix));
-    }
-
-    /// Seeds the walk cache with a walk done by the caller.
-    pub(crate) fn seed_walk(&mut self, mode: &HashMode, h: u32, k: u32, prefix: Vec<u32>) {
-        if self.walk(mode, h, k).is_none() {
-            self.walks.push((mode.clone(), h, k, prefix));
-        }
-    }
-
-    pub(crate) fn walk(&self, mode: &HashMode, h: u32, k: u32) -> Option<&[u32]> {
-        self.walks
-            .iter()
-            .find(|(m, hb, kk, _)| *hb == h && *kk == k && m == mode)
-            .map(|(_, _, _, p)| &p[..])
-    }
-
-    pub(crate) fn ensure(&mut self, mode: &HashMode, h: u32) {
+    /// The slot of the chain at (mode, h), hashing the request the first time (a given chain
+    /// is every setting's: slot `GIVEN`).
+    pub(crate) fn slot(&mut self, mode: &HashMode, h: u32) -> usize {
         let query = match self.source {
-            Source::Given(_) => return,
+            Source::Given(_) => return GIVEN,
             Source::Tokens(query) => query,
         };
-        match self
+        if let Some(at) = self
             .cache
             .iter()
             .position(|(m, hb, _)| *hb == h && m == mode)
         {
-            Some(_) => {}
-            None => {
-                // Every full hash block of the request, as vLLM's `request.block_hashes`; the
-                // rules never look past `n − 1` except EAGLE's one-unit margin.
-                let toks = &query.tokens[..];
-                let chain = match mode {
-                    HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
-                        .chain(toks, h as usize, &query.extras)
-                        .iter()
-                        .map(|d| hash::external(d).0)
-                        .collect(),
-                    HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
-                };
-                self.cache.push((mode.clone(), h, chain));
-            }
+            return at;
+        }
+        // Every full hash block of the request, as vLLM's `request.block_hashes`; the rules
+        // never look past `n − 1` except EAGLE's one-unit margin.
+        let toks = &query.tokens[..];
+        let chain = match mode {
+            HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
+                .chain(toks, h as usize, &query.extras)
+                .iter()
+                .map(|d| hash::external(d).0)
+                .collect(),
+            HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
+        };
+        self.cache.push((mode.clone(), h, chain));
+        self.cache.len() - 1
+    }
+
+    /// The chain in `slot`.
+    pub(crate) fn chain_at(&self, slot: usize) -> &[u64] {
+        match self.source {
+            Source::Given(chain) => chain,
+            Source::Tokens(_) => self.cache.get(slot).map_or(&[][..], |(_, _, c)| c),
         }
     }
+
+    /// Walks the chain in `slot`, every `k`-th hash, through the shared store, once.
+    pub(crate) fn ensure_walk(&mut self, slot: usize, k: u32, runs: &Runs) {
+        if self.walk(slot, k).is_some() {
+            return;
+        }
+        let mut touched = Vec::new();
+        walk_strided(runs, self.chain_at(slot), k, &mut touched);
+        let mut prefix = vec![0u32; runs.holder_slots()];
+        for (id, blocks) in touched {
+            prefix[id as usize] = blocks;
+        }
+        self.walks.push((slot, k, prefix));
+    }
+
+    /// Seeds the walk cache with a walk done by the caller.
+    pub(crate) fn seed_walk(&mut self, slot: usize, k: u32, prefix: Vec<u32>) {
+        if self.walk(slot, k).is_none() {
+            self.walks.push((slot, k, prefix));
+        }
+    }
+
+    /// Leading blocks per shared holder id of a walk done before.
+    pub(crate) fn walk(&self, slot: usize, k: u32) -> Option<&[u32]> {
+        self.walks
+            .iter()
+            .find(|(sl, kk, _)| *sl == slot && *kk == k)
+            .map(|(_, _, p)| &p[..])
+    }
 }
+
+/// The slot of a caller's chain.
+const GIVEN: usize = usize::MAX;
 
 impl Index {
     pub fn new() -> Index {
@@ -564,27 +563,27 @@ pub(crate) fn predict_rank(
     // Full-attention groups live in the shared store: walk the request through it once per
     // setting and stride (every rank of a fleet usually shares one), then read each holder's
     // leading blocks from the walk.
+    let slot = chains.slot(mode, h);
     for (spec, ids) in &plan.lookups {
-        if let Some(k) = shared_stride(spec, h) {
+        if let Some(k) = walk_stride(spec, h) {
             if ids
                 .iter()
                 .any(|g| r.groups.get(g).is_some_and(|s| s.shared.is_some()))
             {
-                chains.ensure_walk(mode, h, k, runs);
+                chains.ensure_walk(slot, k, runs);
             }
         }
     }
-    chains.ensure(mode, h);
     let chains = &*chains;
-    let chain = chains.chain(mode, h);
+    let chain = chains.chain_at(slot);
     let empty = Multiset::default();
     let holder = |spec: &GroupSpec, g: &u32| match r.groups.get(g) {
         Some(s) => match s.shared {
             Some(id) => HolderRef::Shared {
                 runs,
                 id,
-                prefix: shared_stride(spec, h)
-                    .and_then(|k| chains.walk(mode, h, k))
+                prefix: walk_stride(spec, h)
+                    .and_then(|k| chains.walk(slot, k))
                     .and_then(|w| w.get(id as usize))
                     .map(|p| *p as u64),
             },
@@ -623,7 +622,15 @@ pub(crate) fn walk_strided(runs: &Runs, chain: &[u64], k: u32, out: &mut Vec<(u3
 /// The stride (hash blocks per block) of a full-attention group kept in the shared store, when
 /// its block is a whole number of hash blocks.
 pub(crate) fn shared_stride(spec: &GroupSpec, h: u32) -> Option<u32> {
-    (spec.rule() == Rule::FullAttention
+    (spec.rule() == Rule::FullAttention)
+        .then(|| walk_stride(spec, h))
+        .flatten()
+}
+
+/// The stride of any group kept in the shared store (full attention, sliding window), when its
+/// block is a whole number of hash blocks: the walk that gives its leading blocks.
+pub(crate) fn walk_stride(spec: &GroupSpec, h: u32) -> Option<u32> {
+    (matches!(spec.rule(), Rule::FullAttention | Rule::SlidingWindow)
         && h > 0
         && spec.block_size > 0
         && spec.block_size.is_multiple_of(h))

@@ -242,12 +242,13 @@ impl RankState {
         self.digests.clear();
     }
 
-    /// Whether `group` is kept in the shared run store (a full-attention kind).
+    /// Whether `group` is kept in the shared run store (full-attention and sliding-window
+    /// kinds: they hold a request's blocks from its start, so a walk answers them).
     fn is_shared(&self, group: u32) -> bool {
         self.layout
             .groups
             .get(&group)
-            .is_some_and(|g| g.rule() == Rule::FullAttention)
+            .is_some_and(|g| matches!(g.rule(), Rule::FullAttention | Rule::SlidingWindow))
     }
 
     pub fn store(&mut self, ev: &Stored, counters: &Counters, runs: &mut Runs) {

@@ -102,14 +102,20 @@ impl View<'_> {
         x / self.align * self.align
     }
 
+    /// The leading blocks every holder holds, when the index walked the request for all of
+    /// them (the least of theirs).
+    fn known(&self) -> Option<u64> {
+        if self.holders.is_empty() {
+            return None;
+        }
+        self.holders
+            .iter()
+            .try_fold(u64::MAX, |least, hd| hd.prefix().map(|p| least.min(p)))
+    }
+
     /// Leading blocks present, at most `max_blocks`.
     fn leading(&self, max_blocks: u64) -> u64 {
-        // Walked already: the blocks every holder holds from the start is the least of theirs.
-        let known = self
-            .holders
-            .iter()
-            .try_fold(u64::MAX, |least, hd| hd.prefix().map(|p| least.min(p)));
-        if let Some(p) = known.filter(|_| !self.holders.is_empty()) {
+        if let Some(p) = self.known() {
             return p.min(max_blocks);
         }
         let k = self.k as usize;
@@ -214,10 +220,15 @@ impl View<'_> {
         let w = window.unwrap_or(2).max(2) as u64;
         let c = (w - 1).div_ceil(b).max(1);
         let mut l = self.floor_a(max);
+        // Blocks below the walked leading ones are present without a probe.
+        let known = self.known().unwrap_or(0);
         while l > 0 {
             let top = l / b;
             let need = c.min(top);
-            match (top - need..top).rev().find(|i| !self.has_block(*i)) {
+            match (known.max(top - need)..top)
+                .rev()
+                .find(|i| !self.has_block(*i))
+            {
                 None => return l,
                 Some(q) => l = self.floor_a(q * b),
             }
@@ -240,6 +251,9 @@ impl View<'_> {
 
     fn mamba(&self, max: u64) -> u64 {
         let mut l = self.floor_a(max);
+        if let Some(hit) = self.mamba_by_states(l) {
+            return hit;
+        }
         while l > 0 {
             if self.has_idx(l / self.h - 1) {
                 return l;
@@ -247,6 +261,36 @@ impl View<'_> {
             l -= self.align;
         }
         0
+    }
+
+    /// The Mamba rule for a group holding few states: the same downward scan over aligned
+    /// lengths, comparing each position's hash with the held states directly instead of
+    /// probing the holder's table. `None` when the shape does not allow it (then `mamba`
+    /// probes).
+    fn mamba_by_states(&self, l: u64) -> Option<u64> {
+        const FEW: usize = 8;
+        let [HolderRef::Own(m)] = self.holders else {
+            return None;
+        };
+        if m.distinct() > FEW || !self.align.is_multiple_of(self.h) {
+            return None;
+        }
+        let mut held = [0u64; FEW];
+        let mut n = 0;
+        for (slot, state) in held.iter_mut().zip(m.keys()) {
+            *slot = state;
+            n += 1;
+        }
+        let held = &held[..n];
+        let mut len = l;
+        while len > 0 {
+            let idx = (len / self.h - 1) as usize;
+            if self.hashes.get(idx).is_some_and(|x| held.contains(x)) {
+                return Some(len);
+            }
+            len -= self.align;
+        }
+        Some(0)
     }
 
     fn largest(&self, spec: &GroupSpec, max: u64, fine: bool, chunk: Option<u32>) -> u64 {

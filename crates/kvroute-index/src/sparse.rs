@@ -174,9 +174,9 @@ impl Index {
         let mut touched: Vec<(u32, u32)> = Vec::with_capacity(64);
         let mut rows: Vec<Hit> = Vec::new();
         for (w, (mode, h, k)) in roster.walks.iter().enumerate() {
-            chains.ensure(mode, *h);
+            let slot = chains.slot(mode, *h);
             touched.clear();
-            walk_strided(&runs, chains.chain(mode, *h), *k, &mut touched);
+            walk_strided(&runs, chains.chain_at(slot), *k, &mut touched);
             rows.reserve(touched.len());
             let visited = visit.len();
             let b = (*k as u64) * (*h as u64);
@@ -224,7 +224,7 @@ impl Index {
                 for &(id, blocks) in &touched {
                     prefix[id as usize] = blocks;
                 }
-                chains.seed_walk(mode, *h, *k, prefix);
+                chains.seed_walk(slot, *k, prefix);
             }
         }
         visit.sort_unstable();
