@@ -560,9 +560,9 @@ pub(crate) fn predict_rank(
     let (n_tokens, skip) = (chains.n_tokens, chains.skip);
     let mode = &r.config.hash;
     let h = p.hash_block;
-    // Full-attention groups live in the shared store: walk the request through it once per
-    // setting and stride (every rank of a fleet usually shares one), then read each holder's
-    // leading blocks from the walk.
+    // Full-attention and window groups live in the shared store: walk the request through it
+    // once per setting and stride (every rank of a fleet usually shares one), then read each
+    // holder's leading blocks from the walk.
     let slot = chains.slot(mode, h);
     for (spec, ids) in &plan.lookups {
         if let Some(k) = walk_stride(spec, h) {

@@ -71,8 +71,8 @@ pub struct RankStats {
 
 #[derive(Default, Clone, Debug)]
 pub(crate) struct GroupState {
-    /// The group's blocks, unless it is full attention: then `shared` is its holder id in the
-    /// index's shared run store and `holder` stays empty.
+    /// The group's blocks, unless it is full attention or a sliding window: then `shared` is its
+    /// holder id in the index's shared run store and `holder` stays empty.
     pub holder: Multiset,
     pub shared: Option<u32>,
     /// Content-key mode: engine hash → (content key, copies).
@@ -92,8 +92,8 @@ impl GroupMap {
             .map(|i| &self.0[i].1)
     }
 
-    /// The group's state, created empty if new; a new full-attention group (`shared`) gets a
-    /// holder id in the shared run store.
+    /// The group's state, created empty if new; a new shared group (`shared`: full attention,
+    /// sliding window) gets a holder id in the shared run store.
     pub fn entry_or_default(
         &mut self,
         group: u32,

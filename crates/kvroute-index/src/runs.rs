@@ -1,5 +1,6 @@
-//! The shared run store: the device blocks of every full-attention group in the index, each
-//! distinct hash kept once, in runs of consecutive blocks that share one holder multiset.
+//! The shared run store: the device blocks of every full-attention and sliding-window group in
+//! the index, each distinct hash kept once, in runs of consecutive blocks that share one holder
+//! multiset.
 //!
 //! Owns: hash → (run, offset); runs (their hashes in chain order and their holders: holder id →
 //! copies); per-holder totals; holder ids (given out by `add_holder`, returned by
