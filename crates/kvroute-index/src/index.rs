@@ -318,18 +318,23 @@ impl Index {
     fn apply_to(&self, rank: &RankRef, ev: &Event) {
         let mut runs = self.runs.write();
         let mut r = rank.write();
+        self.apply_locked(&mut runs, &mut r, ev);
+    }
+
+    /// Applies one event to a rank whose lock, and the store's, the caller holds.
+    fn apply_locked(&self, runs: &mut Runs, r: &mut RankState, ev: &Event) {
         if r.dropped {
             // The worker was removed while this event was on its way.
             return;
         }
         let gen = r.plan_gen;
         match ev {
-            Event::Stored(s) => r.store(s, &self.counters, &mut runs),
-            Event::Removed(rm) => r.remove(rm, &self.counters, &mut runs),
+            Event::Stored(s) => r.store(s, &self.counters, runs),
+            Event::Removed(rm) => r.remove(rm, &self.counters, runs),
             Event::Cleared(_) => {
                 self.counters.add(Counter::ClearEvents, 1);
                 r.stats.clears += 1;
-                r.clear(&mut runs);
+                r.clear(runs);
             }
         }
         if r.plan_gen != gen {
@@ -337,20 +342,40 @@ impl Index {
         }
     }
 
-    /// Applies events in order.
+    /// Applies events in order. Consecutive events of one (worker, rank) (a subscription's
+    /// batch) are applied under one hold of the locks, at most `LOCKED_RUN` at a time so that
+    /// predictions wait for a few events, not a whole batch; each event is still whole to every
+    /// prediction.
     pub fn apply_all<'a>(&self, events: impl IntoIterator<Item = &'a Event>) {
-        // A batch usually comes from one (worker, rank): look it up once per run of events.
-        let mut last: Option<(&WorkerId, u32, RankRef)> = None;
-        for ev in events {
-            let (worker, dp_rank) = (ev.worker(), ev.dp_rank());
-            let same = matches!(&last, Some((w, d, _))
-                if *d == dp_rank && (Arc::ptr_eq(w, worker) || *w == worker));
-            if !same {
-                last = Some((worker, dp_rank, self.rank(worker, dp_rank)));
+        const LOCKED_RUN: usize = 64;
+        let same = |a: &Event, b: &Event| {
+            a.dp_rank() == b.dp_rank()
+                && (Arc::ptr_eq(a.worker(), b.worker()) || a.worker() == b.worker())
+        };
+        let mut events = events.into_iter().peekable();
+        let mut last: Option<(&Event, RankRef)> = None;
+        while let Some(ev) = events.next() {
+            let rank = match &last {
+                Some((prev, rank)) if same(prev, ev) => rank.clone(),
+                _ => self.rank(ev.worker(), ev.dp_rank()),
+            };
+            {
+                let mut runs = self.runs.write();
+                let mut r = rank.write();
+                self.apply_locked(&mut runs, &mut r, ev);
+                let mut held = 1;
+                while held < LOCKED_RUN {
+                    match events.peek() {
+                        Some(next) if same(ev, next) => {
+                            self.apply_locked(&mut runs, &mut r, next);
+                            events.next();
+                            held += 1;
+                        }
+                        _ => break,
+                    }
+                }
             }
-            if let Some((_, _, rank)) = &last {
-                self.apply_to(rank, ev);
-            }
+            last = Some((ev, rank));
         }
     }
 
@@ -560,12 +585,12 @@ pub(crate) fn predict_rank(
     let (n_tokens, skip) = (chains.n_tokens, chains.skip);
     let mode = &r.config.hash;
     let h = p.hash_block;
-    // Full-attention and window groups live in the shared store: walk the request through it
-    // once per setting and stride (every rank of a fleet usually shares one), then read each
-    // holder's leading blocks from the walk.
+    // Full-attention groups live in the shared store: walk the request through it once per
+    // setting and stride (every rank of a fleet usually shares one), then read each holder's
+    // leading blocks from the walk.
     let slot = chains.slot(mode, h);
     for (spec, ids) in &plan.lookups {
-        if let Some(k) = walk_stride(spec, h) {
+        if let Some(k) = shared_stride(spec, h) {
             if ids
                 .iter()
                 .any(|g| r.groups.get(g).is_some_and(|s| s.shared.is_some()))
@@ -582,7 +607,7 @@ pub(crate) fn predict_rank(
             Some(id) => HolderRef::Shared {
                 runs,
                 id,
-                prefix: walk_stride(spec, h)
+                prefix: shared_stride(spec, h)
                     .and_then(|k| chains.walk(slot, k))
                     .and_then(|w| w.get(id as usize))
                     .map(|p| *p as u64),
@@ -622,15 +647,7 @@ pub(crate) fn walk_strided(runs: &Runs, chain: &[u64], k: u32, out: &mut Vec<(u3
 /// The stride (hash blocks per block) of a full-attention group kept in the shared store, when
 /// its block is a whole number of hash blocks.
 pub(crate) fn shared_stride(spec: &GroupSpec, h: u32) -> Option<u32> {
-    (spec.rule() == Rule::FullAttention)
-        .then(|| walk_stride(spec, h))
-        .flatten()
-}
-
-/// The stride of any group kept in the shared store (full attention, sliding window), when its
-/// block is a whole number of hash blocks: the walk that gives its leading blocks.
-pub(crate) fn walk_stride(spec: &GroupSpec, h: u32) -> Option<u32> {
-    (matches!(spec.rule(), Rule::FullAttention | Rule::SlidingWindow)
+    (spec.rule() == Rule::FullAttention
         && h > 0
         && spec.block_size > 0
         && spec.block_size.is_multiple_of(h))

@@ -71,8 +71,8 @@ pub struct RankStats {
 
 #[derive(Default, Clone, Debug)]
 pub(crate) struct GroupState {
-    /// The group's blocks, unless it is full attention or a sliding window: then `shared` is its
-    /// holder id in the index's shared run store and `holder` stays empty.
+    /// The group's blocks, unless it is full attention: then `shared` is its holder id in the
+    /// index's shared run store and `holder` stays empty.
     pub holder: Multiset,
     pub shared: Option<u32>,
     /// Content-key mode: engine hash → (content key, copies).
@@ -92,8 +92,8 @@ impl GroupMap {
             .map(|i| &self.0[i].1)
     }
 
-    /// The group's state, created empty if new; a new shared group (`shared`: full attention,
-    /// sliding window) gets a holder id in the shared run store.
+    /// The group's state, created empty if new; a new shared group (`shared`: full attention)
+    /// gets a holder id in the shared run store.
     pub fn entry_or_default(
         &mut self,
         group: u32,
@@ -242,13 +242,14 @@ impl RankState {
         self.digests.clear();
     }
 
-    /// Whether `group` is kept in the shared run store (full-attention and sliding-window
-    /// kinds: they hold a request's blocks from its start, so a walk answers them).
+    /// Whether `group` is kept in the shared run store: full-attention kinds. (Sliding-window
+    /// groups were tried there too: on the simulator's gemma3 fleet, where windows free their
+    /// front blocks, applying events was 1.3× and routing 1.6× slower; docs/benchmarks.md.)
     fn is_shared(&self, group: u32) -> bool {
         self.layout
             .groups
             .get(&group)
-            .is_some_and(|g| matches!(g.rule(), Rule::FullAttention | Rule::SlidingWindow))
+            .is_some_and(|g| g.rule() == Rule::FullAttention)
     }
 
     pub fn store(&mut self, ev: &Stored, counters: &Counters, runs: &mut Runs) {
@@ -317,8 +318,8 @@ impl RankState {
                 let g = self.groups.entry_or_default(group, shared, runs);
                 match g.shared {
                     Some(id) => {
-                        let hashes: Vec<u64> = ev.hashes.iter().map(|h| h.value.0).collect();
-                        runs.insert(id, ev.parent.as_ref().map(|p| p.value.0), &hashes);
+                        let parent = ev.parent.as_ref().map(|p| p.value.0);
+                        runs.insert_by(id, parent, &ev.hashes, |h| h.value.0);
                     }
                     None => {
                         g.holder.reserve(ev.hashes.len());
@@ -366,9 +367,11 @@ impl RankState {
         let shared = self.is_shared(group);
         let g = self.groups.entry_or_default(group, shared, runs);
         let (mut removed, mut unknown) = (0u64, 0u64);
-        // Shared groups remove a whole event's keys at once (runs cut once per stretch).
+        // Shared groups remove a whole event's keys at once (runs cut once per stretch); in
+        // engine-hash mode the keys are the event's own hashes.
         let mut batch: Vec<u64> = Vec::new();
-        for h in &ev.hashes {
+        let direct = !content_mode && g.shared.is_some();
+        for h in ev.hashes.iter().filter(|_| !direct) {
             let key = if content_mode {
                 match g.content.get_mut(&h.value.0) {
                     Some((key, copies)) => {
@@ -391,7 +394,11 @@ impl RankState {
             }
         }
         if let Some(id) = g.shared {
-            let (r, u) = runs.remove(id, &batch);
+            let (r, u) = if direct {
+                runs.remove_by(id, &ev.hashes, |h| h.value.0)
+            } else {
+                runs.remove(id, &batch)
+            };
             removed += r;
             unknown += u;
         }

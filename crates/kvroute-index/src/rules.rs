@@ -220,15 +220,10 @@ impl View<'_> {
         let w = window.unwrap_or(2).max(2) as u64;
         let c = (w - 1).div_ceil(b).max(1);
         let mut l = self.floor_a(max);
-        // Blocks below the walked leading ones are present without a probe.
-        let known = self.known().unwrap_or(0);
         while l > 0 {
             let top = l / b;
             let need = c.min(top);
-            match (known.max(top - need)..top)
-                .rev()
-                .find(|i| !self.has_block(*i))
-            {
+            match (top - need..top).rev().find(|i| !self.has_block(*i)) {
                 None => return l,
                 Some(q) => l = self.floor_a(q * b),
             }

@@ -1,6 +1,5 @@
-//! The shared run store: the device blocks of every full-attention and sliding-window group in
-//! the index, each distinct hash kept once, in runs of consecutive blocks that share one holder
-//! multiset.
+//! The shared run store: the device blocks of every full-attention group in the index, each
+//! distinct hash kept once, in runs of consecutive blocks that share one holder multiset.
 //!
 //! Owns: hash → (run, offset); runs (their hashes in chain order and their holders: holder id →
 //! copies); per-holder totals; holder ids (given out by `add_holder`, returned by
@@ -162,6 +161,17 @@ impl Runs {
     /// Stores one copy of each hash for `id`, in order; `parent` is the hash before the first
     /// (a run that ends there and is `id`'s alone is extended instead of starting a new one).
     pub fn insert(&mut self, id: u32, parent: Option<u64>, hashes: &[u64]) {
+        self.insert_by(id, parent, hashes, |h| *h)
+    }
+
+    /// `insert` of `key(item)` for each item (an event's hashes as they come, not copied).
+    pub fn insert_by<T>(
+        &mut self,
+        id: u32,
+        parent: Option<u64>,
+        hashes: &[T],
+        key: impl Fn(&T) -> u64 + Copy,
+    ) {
         if !self.is_live(id) {
             return;
         }
@@ -169,20 +179,21 @@ impl Runs {
         let mut prev = parent;
         let mut i = 0;
         while i < hashes.len() {
-            let h = hashes[i];
+            let h = key(&hashes[i]);
             match self.map.get(&h).copied() {
                 Some(loc) => {
                     let run = &self.runs[loc.run as usize];
                     let (off, end) = (loc.off as usize, run.end() as usize);
                     let m = 1 + hashes[i + 1..]
                         .iter()
+                        .map(key)
                         .zip(&run.hashes[(off + 1).min(end)..end])
-                        .take_while(|(a, b)| a == b)
+                        .take_while(|(a, b)| a == *b)
                         .count();
                     let r = self.isolate(h, m as u32);
                     self.add_copy(r, id);
                     self.try_merge(prev, r);
-                    prev = Some(hashes[i + m - 1]);
+                    prev = Some(key(&hashes[i + m - 1]));
                     i += m;
                 }
                 None => {
@@ -193,7 +204,7 @@ impl Runs {
                     let t = &mut self.holders[id as usize];
                     let run = &mut self.runs[r as usize];
                     while i < hashes.len() {
-                        let h = hashes[i];
+                        let h = key(&hashes[i]);
                         match self.map.entry(h) {
                             Entry::Occupied(_) => break,
                             Entry::Vacant(v) => {
@@ -216,10 +227,20 @@ impl Runs {
 
     /// Removes one copy of each hash from `id`; returns (removed, not held).
     pub fn remove(&mut self, id: u32, hashes: &[u64]) -> (u64, u64) {
+        self.remove_by(id, hashes, |h| *h)
+    }
+
+    /// `remove` of `key(item)` for each item.
+    pub fn remove_by<T>(
+        &mut self,
+        id: u32,
+        hashes: &[T],
+        key: impl Fn(&T) -> u64 + Copy,
+    ) -> (u64, u64) {
         let (mut removed, mut unknown) = (0u64, 0u64);
         let mut i = 0;
         while i < hashes.len() {
-            let h = hashes[i];
+            let h = key(&hashes[i]);
             let Some(loc) = self.map.get(&h).copied() else {
                 unknown += 1;
                 i += 1;
@@ -237,13 +258,15 @@ impl Runs {
             let rest = &hashes[i + 1..];
             let up = rest
                 .iter()
+                .map(key)
                 .zip(&run.hashes[(off + 1).min(end)..end])
-                .take_while(|(a, b)| a == b)
+                .take_while(|(a, b)| a == *b)
                 .count();
             let down = rest
                 .iter()
+                .map(key)
                 .zip(run.hashes[lo..off].iter().rev())
-                .take_while(|(a, b)| a == b)
+                .take_while(|(a, b)| a == *b)
                 .count();
             let (start, m) = if down > up {
                 (off - down, down + 1)
