@@ -206,16 +206,52 @@ impl Pickler {
                 self.write(&[[0x85, 0x86, 0x87][n - 1]]);
                 self.memoize(None);
             }
-            _ => {
+            n => {
                 self.write(b"(");
-                for t in tokens {
-                    self.opcode_boundary();
-                    self.save_int(*t as i128);
+                let open = self
+                    .frame_start
+                    .map_or(0, |start| self.out.len() - start - FRAME_HEADER);
+                // Seven bytes at most per token: when the whole tuple cannot reach the frame
+                // target, no boundary inside it can start a frame, so the tokens are written in
+                // one pass (the same bytes `save_int` writes one by one).
+                if open + n * 7 < FRAME_SIZE_TARGET {
+                    self.out.reserve(n * 7 + 2);
+                    for &t in tokens {
+                        let b = t.to_le_bytes();
+                        match t {
+                            0..=0xff => self.out.extend_from_slice(&[b'K', b[0]]),
+                            0x100..=0xffff => self.out.extend_from_slice(&[b'M', b[0], b[1]]),
+                            0x1_0000..=0x7fff_ffff => {
+                                self.out.extend_from_slice(&[b'J', b[0], b[1], b[2], b[3]])
+                            }
+                            _ => self
+                                .out
+                                .extend_from_slice(&[0x8a, 5, b[0], b[1], b[2], b[3], 0]),
+                        }
+                    }
+                } else {
+                    for t in tokens {
+                        self.opcode_boundary();
+                        self.save_int(*t as i128);
+                    }
                 }
                 self.write(b"t");
                 self.memoize(None);
             }
         }
+    }
+
+    /// `save` of a `bytes` value, without building a `PyValue` for it.
+    fn save_bytes(&mut self, b: &[u8]) {
+        self.opcode_boundary();
+        if b.len() < 256 {
+            self.write(&[b'C', b.len() as u8]);
+        } else {
+            self.write(&[b'B']);
+            self.write(&(b.len() as u32).to_le_bytes());
+        }
+        self.write(b);
+        self.memoize(None);
     }
 }
 
@@ -223,7 +259,7 @@ impl Pickler {
 /// without materializing the token tuple (the hot path of request hashing).
 pub fn dumps_block(parent: &[u8], tokens: &[u32], extra: &PyValue) -> Vec<u8> {
     let mut p = Pickler {
-        out: Vec::with_capacity(48 + tokens.len() * 5),
+        out: Vec::with_capacity(64 + tokens.len() * 7),
         frame_start: None,
         memo_len: 0,
         singletons: Vec::new(),
@@ -231,7 +267,7 @@ pub fn dumps_block(parent: &[u8], tokens: &[u32], extra: &PyValue) -> Vec<u8> {
     p.out.extend_from_slice(&[0x80, 0x05]);
     // save(outer tuple of 3): boundary, the three items, TUPLE3, MEMOIZE.
     p.opcode_boundary();
-    p.save(&PyValue::Bytes(parent.to_vec()));
+    p.save_bytes(parent);
     p.save_token_tuple(tokens);
     p.save(extra);
     p.write(&[0x87]);
