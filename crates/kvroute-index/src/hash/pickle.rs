@@ -247,7 +247,7 @@ impl Pickler {
         if b.len() < 256 {
             self.write(&[b'C', b.len() as u8]);
         } else {
-            self.write(&[b'B']);
+            self.write(b"B");
             self.write(&(b.len() as u32).to_le_bytes());
         }
         self.write(b);
