@@ -42,8 +42,8 @@ fn predictions_never_see_a_torn_event_and_the_final_state_equals_the_reference()
     let done = Arc::new(AtomicBool::new(false));
     // Every thread starts together, so writers cannot finish before a reader has begun; a
     // reader also goes on until it has seen a prediction.
-    let start = Arc::new(Barrier::new(2 + streams.len()));
-    let readers: Vec<_> = (0..2)
+    let start = Arc::new(Barrier::new(3 + streams.len()));
+    let readers: Vec<_> = (0..3)
         .map(|r| {
             let index = index.clone();
             let done = done.clone();
@@ -58,13 +58,14 @@ fn predictions_never_see_a_torn_event_and_the_final_state_equals_the_reference()
                         tokens: prompts[i % prompts.len()].clone(),
                         ..Query::default()
                     };
-                    // One reader asks for evidence, the other for the routing path only.
-                    let detail = if r == 0 {
-                        Detail::Evidence
-                    } else {
-                        Detail::Cached
+                    // One reader asks for evidence, one for every rank without it, one for the
+                    // routing path (only the ranks that hit, through the shared store's walk).
+                    let predictions = match r {
+                        0 => index.predict_all_detail(&q, Detail::Evidence),
+                        1 => index.predict_all_detail(&q, Detail::Cached),
+                        _ => index.predict_hits(&q),
                     };
-                    for p in index.predict_all_detail(&q, detail) {
+                    for p in predictions {
                         // 0 before the prompt's events, full length after: never in between.
                         assert!(
                             p.cached == 0 || p.cached == 304,
@@ -88,13 +89,22 @@ fn predictions_never_see_a_torn_event_and_the_final_state_equals_the_reference()
     let writers: Vec<_> = streams
         .clone()
         .into_iter()
-        .map(|evs| {
+        .enumerate()
+        .map(|(wi, evs)| {
             let index = index.clone();
             let start = start.clone();
             thread::spawn(move || {
                 start.wait();
-                for ev in &evs {
-                    index.apply(ev);
+                // Half the writers apply one event at a time, half in batches (one hold of
+                // the locks per run of a rank's events).
+                if wi % 2 == 0 {
+                    for ev in &evs {
+                        index.apply(ev);
+                    }
+                } else {
+                    for batch in evs.chunks(7) {
+                        index.apply_all(batch);
+                    }
                 }
             })
         })
