@@ -155,6 +155,238 @@ impl Multiset {
     }
 }
 
+/// Groups one table can hold (one presence bit each).
+pub const SPEC_SLOTS: usize = 8;
+
+/// The blocks of up to `SPEC_SLOTS` groups in one table. With one group it is a plain
+/// `Multiset`; from the second group on, per hash a bit for each group (slot) that holds it,
+/// with copies beyond a slot's first kept apart. Groups of one spec store and evict the same
+/// hashes, so one entry serves them all, and a block that every group of a lookup must hold is
+/// one probe.
+/// Invariants: in the shared form a hash has an entry exactly when some slot holds it, `extra`
+/// has (hash, slot) only while that slot holds two copies or more, and per-slot totals equal
+/// the contents; the one-group form only ever has slot 0.
+#[derive(Clone, Debug)]
+pub struct SpecSet {
+    inner: Inner,
+    distinct: [u64; SPEC_SLOTS],
+    total: [u64; SPEC_SLOTS],
+}
+
+#[derive(Clone, Debug)]
+enum Inner {
+    One(Multiset),
+    Many {
+        bits: HashMap<u64, u8, MixBuild>,
+        extra: HashMap<(u64, u8), u32, MixBuild>,
+    },
+}
+
+impl Default for SpecSet {
+    fn default() -> Self {
+        SpecSet {
+            inner: Inner::One(Multiset::default()),
+            distinct: [0; SPEC_SLOTS],
+            total: [0; SPEC_SLOTS],
+        }
+    }
+}
+
+impl SpecSet {
+    /// Moves to the shared form (a second group joined); slot 0 keeps its blocks.
+    pub fn share(&mut self) {
+        let Inner::One(m) = &self.inner else { return };
+        let mut bits: HashMap<u64, u8, MixBuild> = HashMap::default();
+        let mut extra: HashMap<(u64, u8), u32, MixBuild> = HashMap::default();
+        bits.reserve(m.distinct());
+        for (h, copies) in m.iter() {
+            bits.insert(h, 1);
+            if copies > 1 {
+                extra.insert((h, 0), copies - 1);
+            }
+        }
+        self.distinct[0] = m.distinct() as u64;
+        self.total[0] = m.total();
+        self.inner = Inner::Many { bits, extra };
+    }
+
+    /// The one group's multiset, while the table has one group.
+    #[inline]
+    pub fn single(&self) -> Option<&Multiset> {
+        match &self.inner {
+            Inner::One(m) => Some(m),
+            Inner::Many { .. } => None,
+        }
+    }
+
+    pub fn reserve(&mut self, additional: usize) {
+        match &mut self.inner {
+            Inner::One(m) => m.reserve(additional),
+            Inner::Many { bits, .. } => bits.reserve(additional),
+        }
+    }
+
+    #[inline]
+    pub fn insert(&mut self, slot: u8, h: u64) {
+        match &mut self.inner {
+            Inner::One(m) => m.insert(h),
+            Inner::Many { bits, extra } => {
+                let s = slot as usize;
+                self.total[s] += 1;
+                let b = bits.entry(h).or_insert(0);
+                if *b & (1 << slot) == 0 {
+                    *b |= 1 << slot;
+                    self.distinct[s] += 1;
+                } else {
+                    *extra.entry((h, slot)).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+
+    /// Removes one copy from `slot`; false when the slot did not hold the hash.
+    #[inline]
+    pub fn remove(&mut self, slot: u8, h: u64) -> bool {
+        match &mut self.inner {
+            Inner::One(m) => slot == 0 && m.remove(h),
+            Inner::Many { bits, extra } => {
+                let s = slot as usize;
+                let Some(b) = bits.get_mut(&h) else {
+                    return false;
+                };
+                if *b & (1 << slot) == 0 {
+                    return false;
+                }
+                self.total[s] -= 1;
+                if !extra.is_empty() {
+                    if let Some(c) = extra.get_mut(&(h, slot)) {
+                        *c -= 1;
+                        if *c == 0 {
+                            extra.remove(&(h, slot));
+                        }
+                        return true;
+                    }
+                }
+                *b &= !(1 << slot);
+                self.distinct[s] -= 1;
+                if *b == 0 {
+                    bits.remove(&h);
+                }
+                true
+            }
+        }
+    }
+
+    #[inline]
+    pub fn contains(&self, slot: u8, h: u64) -> bool {
+        match &self.inner {
+            Inner::One(m) => slot == 0 && m.contains(h),
+            Inner::Many { bits, .. } => bits.get(&h).is_some_and(|b| b & (1 << slot) != 0),
+        }
+    }
+
+    /// Whether every slot of `mask` holds `h` (one probe).
+    #[inline]
+    pub fn contains_all(&self, mask: u8, h: u64) -> bool {
+        match &self.inner {
+            Inner::One(m) => mask == 1 && m.contains(h),
+            Inner::Many { bits, .. } => bits.get(&h).is_some_and(|b| b & mask == mask),
+        }
+    }
+
+    pub fn count(&self, slot: u8, h: u64) -> u32 {
+        match &self.inner {
+            Inner::One(m) if slot == 0 => m.count(h),
+            Inner::One(_) => 0,
+            Inner::Many { extra, .. } => {
+                if !self.contains(slot, h) {
+                    return 0;
+                }
+                1 + extra.get(&(h, slot)).copied().unwrap_or(0)
+            }
+        }
+    }
+
+    pub fn distinct(&self, slot: u8) -> u64 {
+        match &self.inner {
+            Inner::One(m) if slot == 0 => m.distinct() as u64,
+            Inner::One(_) => 0,
+            Inner::Many { .. } => self.distinct[slot as usize],
+        }
+    }
+
+    pub fn total(&self, slot: u8) -> u64 {
+        match &self.inner {
+            Inner::One(m) if slot == 0 => m.total(),
+            Inner::One(_) => 0,
+            Inner::Many { .. } => self.total[slot as usize],
+        }
+    }
+
+    /// Distinct hashes over every slot (the table's size).
+    pub fn len(&self) -> usize {
+        match &self.inner {
+            Inner::One(m) => m.distinct(),
+            Inner::Many { bits, .. } => bits.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every hash `slot` holds (unordered).
+    pub fn keys(&self, slot: u8) -> impl Iterator<Item = u64> + '_ {
+        let one = match &self.inner {
+            Inner::One(m) if slot == 0 => Some(m.keys()),
+            _ => None,
+        };
+        let many = match &self.inner {
+            Inner::Many { bits, .. } => Some(
+                bits.iter()
+                    .filter(move |(_, b)| *b & (1 << slot) != 0)
+                    .map(|(h, _)| *h),
+            ),
+            Inner::One(_) => None,
+        };
+        one.into_iter().flatten().chain(many.into_iter().flatten())
+    }
+
+    /// Every hash `slot` holds with its copies (unordered).
+    pub fn iter(&self, slot: u8) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.keys(slot).map(move |h| (h, self.count(slot, h)))
+    }
+
+    /// Empties one slot.
+    pub fn clear_slot(&mut self, slot: u8) {
+        match &mut self.inner {
+            Inner::One(m) => {
+                if slot == 0 {
+                    m.clear();
+                }
+            }
+            Inner::Many { bits, extra } => {
+                let bit = 1u8 << slot;
+                bits.retain(|_, b| {
+                    *b &= !bit;
+                    *b != 0
+                });
+                extra.retain(|(_, s), _| *s != slot);
+                self.distinct[slot as usize] = 0;
+                self.total[slot as usize] = 0;
+            }
+        }
+    }
+
+    /// Approximate heap bytes: table slots (key, value, control byte).
+    pub fn heap_bytes(&self) -> usize {
+        match &self.inner {
+            Inner::One(m) => m.heap_bytes(),
+            Inner::Many { bits, extra } => bits.capacity() * (16 + 1) + extra.capacity() * (24 + 1),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +403,34 @@ mod tests {
         assert!(!m.contains(7));
         assert!(!m.remove(7));
         assert_eq!(m.total(), 0);
+    }
+
+    #[test]
+    fn groups_sharing_a_table_keep_their_own_copies() {
+        let mut s = SpecSet::default();
+        s.insert(0, 7);
+        s.insert(0, 8);
+        s.insert(0, 8);
+        // A second group joins: slot 0 keeps its blocks and copies.
+        s.share();
+        assert_eq!((s.count(0, 8), s.distinct(0), s.total(0)), (2, 2, 3));
+        assert!(s.remove(0, 8) && s.remove(0, 8) && !s.remove(0, 8));
+        s.insert(1, 7);
+        s.insert(1, 7);
+        s.insert(2, 9);
+        assert!(s.contains_all(0b011, 7));
+        assert!(!s.contains_all(0b111, 7));
+        assert_eq!((s.count(0, 7), s.count(1, 7), s.count(2, 7)), (1, 2, 0));
+        assert!(s.remove(1, 7));
+        assert!(s.contains(1, 7));
+        assert!(s.remove(0, 7));
+        assert!(!s.contains(0, 7));
+        assert!(!s.remove(0, 7));
+        assert_eq!((s.total(1), s.distinct(1), s.len()), (1, 1, 2));
+        s.clear_slot(1);
+        assert_eq!(s.len(), 1, "9 stays, held by slot 2");
+        assert_eq!(s.iter(2).collect::<Vec<_>>(), vec![(9, 1)]);
+        assert_eq!((s.total(1), s.distinct(1)), (0, 0));
     }
 
     /// Tuple and string keys (the index's rank map) hash every part, not only the last write.

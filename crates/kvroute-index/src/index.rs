@@ -612,7 +612,14 @@ pub(crate) fn predict_rank(
                     .and_then(|w| w.get(id as usize))
                     .map(|p| *p as u64),
             },
-            None => HolderRef::Own(&s.holder),
+            None => match s.own.and_then(|(t, slot)| Some((r.specs.get(t)?, slot))) {
+                // A table with one group is that group's multiset.
+                Some((set, 0)) if set.single().is_some() => {
+                    HolderRef::Own(set.single().unwrap_or(&empty))
+                }
+                Some((set, slot)) => HolderRef::Spec { set, slot },
+                None => HolderRef::Own(&empty),
+            },
         },
         None => HolderRef::Own(&empty),
     };

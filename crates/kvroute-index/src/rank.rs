@@ -12,7 +12,7 @@
 use crate::counters::{Counter, Counters};
 use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Rule, Stored, WorkerId};
 use crate::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
-use crate::holder::{MixBuild, Multiset};
+use crate::holder::{MixBuild, Multiset, SpecSet, SPEC_SLOTS};
 use crate::layout::{Layout, Learned, LookupConfig, Params, Plan};
 use crate::runs::Runs;
 use serde::{Deserialize, Serialize};
@@ -71,10 +71,10 @@ pub struct RankStats {
 
 #[derive(Default, Clone, Debug)]
 pub(crate) struct GroupState {
-    /// The group's blocks, unless it is full attention: then `shared` is its holder id in the
-    /// index's shared run store and `holder` stays empty.
-    pub holder: Multiset,
+    /// Full attention: the group's holder id in the index's shared run store.
     pub shared: Option<u32>,
+    /// Every other kind: (table, slot) in the rank's tables of identical-spec groups.
+    pub own: Option<(u16, u8)>,
     /// Content-key mode: engine hash → (content key, copies).
     pub content: HashMap<u64, (u64, u32), MixBuild>,
 }
@@ -97,16 +97,22 @@ impl GroupMap {
     pub fn entry_or_default(
         &mut self,
         group: u32,
-        shared: bool,
+        place: Place<'_>,
         runs: &mut Runs,
     ) -> &mut GroupState {
         let i = match self.0.binary_search_by_key(&group, |(g, _)| *g) {
             Ok(i) => i,
             Err(i) => {
                 self.0.reserve_exact(1);
-                let state = GroupState {
-                    shared: shared.then(|| runs.add_holder()),
-                    ..GroupState::default()
+                let state = match place {
+                    Place::Shared => GroupState {
+                        shared: Some(runs.add_holder()),
+                        ..GroupState::default()
+                    },
+                    Place::Own(tables, key) => GroupState {
+                        own: Some(tables.assign(key)),
+                        ..GroupState::default()
+                    },
                 };
                 self.0.insert(i, (group, state));
                 i
@@ -131,7 +137,7 @@ impl GroupMap {
         self.0.len()
     }
 
-    /// Drops every group, giving shared holder ids back.
+    /// Drops every group, giving shared holder ids back (the caller drops the tables).
     pub fn clear(&mut self, runs: &mut Runs) {
         for (_, g) in &self.0 {
             if let Some(id) = g.shared {
@@ -139,6 +145,59 @@ impl GroupMap {
             }
         }
         self.0 = Vec::new();
+    }
+}
+
+/// Where a new group's blocks go.
+pub(crate) enum Place<'a> {
+    /// The shared run store (full attention).
+    Shared,
+    /// A slot in the rank's table for groups of this spec.
+    Own(&'a mut SpecTables, SpecKey),
+}
+
+/// (kind, window, block size): groups with one key store and evict the same hashes.
+pub(crate) type SpecKey = (CacheKind, Option<u32>, u32);
+
+/// A rank's tables of identical-spec groups (`SpecSet`), each with the key it was opened for
+/// and the slots in use. A group keeps its slot for life (a group whose block size grows later
+/// stays where it is: a table is storage, the lookup's groups are what the rules combine).
+#[derive(Default, Clone, Debug)]
+pub(crate) struct SpecTables(Vec<(SpecKey, u8, SpecSet)>);
+
+impl SpecTables {
+    /// A free slot in the key's table (a new table when every one is full).
+    fn assign(&mut self, key: SpecKey) -> (u16, u8) {
+        let found = self
+            .0
+            .iter()
+            .position(|(k, used, _)| *k == key && used.count_ones() < SPEC_SLOTS as u32);
+        let t = match found {
+            Some(t) => t,
+            None => {
+                self.0.push((key, 0, SpecSet::default()));
+                self.0.len() - 1
+            }
+        };
+        let (_, used, set) = &mut self.0[t];
+        let slot = used.trailing_ones() as u8;
+        *used |= 1 << slot;
+        if used.count_ones() == 2 {
+            set.share();
+        }
+        (t as u16, slot)
+    }
+
+    pub fn get(&self, t: u16) -> Option<&SpecSet> {
+        self.0.get(t as usize).map(|(_, _, s)| s)
+    }
+
+    fn get_mut(&mut self, t: u16) -> Option<&mut SpecSet> {
+        self.0.get_mut(t as usize).map(|(_, _, s)| s)
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.0.iter().map(|(_, _, s)| s.heap_bytes()).sum()
     }
 }
 
@@ -158,6 +217,7 @@ pub struct RankState {
     /// in flight for it is ignored instead of filing blocks nobody would ever release.
     pub(crate) dropped: bool,
     pub(crate) groups: GroupMap,
+    pub(crate) specs: SpecTables,
     pub(crate) offload: BTreeMap<String, Multiset>,
     /// Full digests of blocks the router recomputed, by 64-bit value (parents for the check).
     digests: HashMap<u64, Digest, MixBuild>,
@@ -179,6 +239,7 @@ impl RankState {
             id: 0,
             dropped: false,
             groups: GroupMap::default(),
+            specs: SpecTables::default(),
             offload: BTreeMap::new(),
             digests: HashMap::default(),
             stats: RankStats::default(),
@@ -224,10 +285,14 @@ impl RankState {
     /// Empties every device group (the layout stays known).
     pub fn clear(&mut self, runs: &mut Runs) {
         for g in self.groups.values_mut() {
-            g.holder.clear();
             g.content.clear();
             if let Some(id) = g.shared {
                 runs.clear_holder(id);
+            }
+            if let Some((t, slot)) = g.own {
+                if let Some(set) = self.specs.get_mut(t) {
+                    set.clear_slot(slot);
+                }
             }
         }
         self.digests.clear();
@@ -237,19 +302,10 @@ impl RankState {
     /// dropping a rank).
     pub fn reset(&mut self, runs: &mut Runs) {
         self.groups.clear(runs);
+        self.specs = SpecTables::default();
         self.layout = Layout::default();
         self.replan();
         self.digests.clear();
-    }
-
-    /// Whether `group` is kept in the shared run store: full-attention kinds. (Sliding-window
-    /// groups were tried there too: on the simulator's gemma3 fleet, where windows free their
-    /// front blocks, applying events was 1.3× and routing 1.6× slower; docs/benchmarks.md.)
-    fn is_shared(&self, group: u32) -> bool {
-        self.layout
-            .groups
-            .get(&group)
-            .is_some_and(|g| g.rule() == Rule::FullAttention)
     }
 
     pub fn store(&mut self, ev: &Stored, counters: &Counters, runs: &mut Runs) {
@@ -312,28 +368,31 @@ impl RankState {
                 self.replan();
             }
         }
-        let shared = self.is_shared(group);
         match self.config.hash {
             HashMode::Engine { .. } => {
-                let g = self.groups.entry_or_default(group, shared, runs);
-                match g.shared {
-                    Some(id) => {
+                let place = place_for(&self.layout, &mut self.specs, group);
+                let g = self.groups.entry_or_default(group, place, runs);
+                match (g.shared, g.own) {
+                    (Some(id), _) => {
                         let parent = ev.parent.as_ref().map(|p| p.value.0);
                         runs.insert_by(id, parent, &ev.hashes, |h| h.value.0);
                     }
-                    None => {
-                        g.holder.reserve(ev.hashes.len());
-                        for h in &ev.hashes {
-                            g.holder.insert(h.value.0);
+                    (None, Some((t, slot))) => {
+                        if let Some(set) = self.specs.get_mut(t) {
+                            set.reserve(ev.hashes.len());
+                            for h in &ev.hashes {
+                                set.insert(slot, h.value.0);
+                            }
                         }
                     }
+                    (None, None) => {}
                 }
                 counters.add(Counter::BlocksStored, ev.hashes.len() as u64);
                 if self.config.verify_hashes {
                     self.check_hashes(ev, counters);
                 }
             }
-            HashMode::ContentKey => self.store_content(group, shared, ev, counters, runs),
+            HashMode::ContentKey => self.store_content(group, ev, counters, runs),
         }
     }
 
@@ -364,8 +423,11 @@ impl RankState {
             return;
         }
         let content_mode = self.config.hash == HashMode::ContentKey;
-        let shared = self.is_shared(group);
-        let g = self.groups.entry_or_default(group, shared, runs);
+        let place = place_for(&self.layout, &mut self.specs, group);
+        let g = self.groups.entry_or_default(group, place, runs);
+        let mut own = g
+            .own
+            .and_then(|(t, slot)| Some((self.specs.get_mut(t)?, slot)));
         let (mut removed, mut unknown) = (0u64, 0u64);
         // Shared groups remove a whole event's keys at once (runs cut once per stretch); in
         // engine-hash mode the keys are the event's own hashes.
@@ -389,7 +451,9 @@ impl RankState {
             };
             match (key, g.shared) {
                 (Some(k), Some(_)) => batch.push(k),
-                (Some(k), None) if g.holder.remove(k) => removed += 1,
+                (Some(k), None) if own.as_mut().is_some_and(|(set, slot)| set.remove(*slot, k)) => {
+                    removed += 1
+                }
                 _ => unknown += 1,
             }
         }
@@ -416,14 +480,7 @@ impl RankState {
     }
 
     /// Content-key mode: place a store's blocks by the router's own chained keys.
-    fn store_content(
-        &mut self,
-        group: u32,
-        shared: bool,
-        ev: &Stored,
-        counters: &Counters,
-        runs: &mut Runs,
-    ) {
+    fn store_content(&mut self, group: u32, ev: &Stored, counters: &Counters, runs: &mut Runs) {
         let h = self.params().map_or(ev.block_size, |p| p.hash_block).max(1) as usize;
         let b = ev.block_size as usize;
         let dense = !ev.hashes.is_empty()
@@ -459,14 +516,19 @@ impl RankState {
             }
         }
         let parent_key = parent_key.flatten();
-        let g = self.groups.entry_or_default(group, shared, runs);
+        let place = place_for(&self.layout, &mut self.specs, group);
+        let g = self.groups.entry_or_default(group, place, runs);
+        let mut own = g
+            .own
+            .and_then(|(t, slot)| Some((self.specs.get_mut(t)?, slot)));
         let mut batch: Vec<u64> = Vec::new();
         for (hsh, key) in ev.hashes.iter().zip(keys) {
             match key {
                 Some(k) => {
-                    match g.shared {
-                        Some(_) => batch.push(k),
-                        None => g.holder.insert(k),
+                    match (g.shared, own.as_mut()) {
+                        (Some(_), _) => batch.push(k),
+                        (None, Some((set, slot))) => set.insert(*slot, k),
+                        (None, None) => {}
                     }
                     g.content.entry(hsh.value.0).or_insert((k, 0)).1 += 1;
                     placed += 1;
@@ -592,9 +654,14 @@ impl RankState {
         self.groups
             .iter()
             .map(|(g, s)| {
-                let blocks = match s.shared {
-                    Some(id) => runs.holder_contents(id).into_iter().collect(),
-                    None => s.holder.iter().collect::<BTreeMap<u64, u32>>(),
+                let blocks = match (s.shared, s.own) {
+                    (Some(id), _) => runs.holder_contents(id).into_iter().collect(),
+                    (None, Some((t, slot))) => self
+                        .specs
+                        .get(t)
+                        .map(|set| set.iter(slot).collect())
+                        .unwrap_or_default(),
+                    (None, None) => BTreeMap::new(),
                 };
                 (*g, blocks)
             })
@@ -613,16 +680,33 @@ impl RankState {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.groups
             .values()
-            .map(|g| g.holder.heap_bytes() + g.content.capacity() * 25)
+            .map(|g| g.content.capacity() * 25)
             .sum::<usize>()
+            + self.specs.heap_bytes()
             + self.digests.capacity() * 41
     }
 
     pub(crate) fn block_copies(&self, runs: &Runs) -> u64 {
         self.groups
             .values()
-            .map(|g| g.shared.map_or(g.holder.total(), |id| runs.total(id)))
+            .map(|g| match (g.shared, g.own) {
+                (Some(id), _) => runs.total(id),
+                (None, Some((t, slot))) => self.specs.get(t).map_or(0, |set| set.total(slot)),
+                (None, None) => 0,
+            })
             .sum()
+    }
+}
+
+/// Where `group`'s blocks go: the shared run store for full-attention kinds, else a slot in
+/// the rank's table for its spec. (Sliding-window groups were tried in the shared store too: on
+/// the simulator's gemma3 fleet, where windows free their front blocks, applying events was
+/// 1.3× and routing 1.6× slower; docs/benchmarks.md.)
+fn place_for<'a>(layout: &Layout, specs: &'a mut SpecTables, group: u32) -> Place<'a> {
+    match layout.groups.get(&group) {
+        Some(g) if g.rule() == Rule::FullAttention => Place::Shared,
+        Some(g) => Place::Own(specs, (g.kind.clone(), g.window, g.block_size)),
+        None => Place::Own(specs, (CacheKind::Unknown(String::new()), None, 0)),
     }
 }
 

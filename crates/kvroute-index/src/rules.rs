@@ -9,7 +9,7 @@
 //! Must not: mutate holders or hash anything (the chain is computed once per request).
 
 use crate::event::Rule;
-use crate::holder::Multiset;
+use crate::holder::{Multiset, SpecSet};
 use crate::layout::{GroupSpec, Params};
 use crate::runs::Runs;
 use serde::Serialize;
@@ -28,6 +28,11 @@ pub struct Lookup<'a> {
 #[derive(Clone, Copy)]
 pub enum HolderRef<'a> {
     Own(&'a Multiset),
+    /// A slot in a table shared by groups of one spec.
+    Spec {
+        set: &'a SpecSet,
+        slot: u8,
+    },
     Shared {
         runs: &'a Runs,
         id: u32,
@@ -40,13 +45,14 @@ impl HolderRef<'_> {
     pub fn contains(&self, h: u64) -> bool {
         match self {
             HolderRef::Own(m) => m.contains(h),
+            HolderRef::Spec { set, slot } => set.contains(*slot, h),
             HolderRef::Shared { runs, id, .. } => runs.contains(*id, h),
         }
     }
 
     fn prefix(&self) -> Option<u64> {
         match self {
-            HolderRef::Own(_) => None,
+            HolderRef::Own(_) | HolderRef::Spec { .. } => None,
             HolderRef::Shared { prefix, .. } => *prefix,
         }
     }
@@ -80,6 +86,11 @@ pub const STACK_LOOKUPS: usize = 4;
 struct View<'a> {
     hashes: &'a [u64],
     holders: &'a [HolderRef<'a>],
+    /// Every holder is a slot of this one table: a block is present when all their bits are
+    /// set (one probe for the lookup, not one per group).
+    combined: Option<(&'a SpecSet, u8)>,
+    /// The only holder, when it is a plain multiset (the common case, probed directly).
+    single: Option<&'a Multiset>,
     block: u64,
     k: u64,
     h: u64,
@@ -89,10 +100,16 @@ struct View<'a> {
 impl View<'_> {
     #[inline]
     fn has_idx(&self, idx: u64) -> bool {
-        match self.hashes.get(idx as usize) {
-            Some(hash) => self.holders.iter().all(|m| m.contains(*hash)),
-            None => false,
+        let Some(hash) = self.hashes.get(idx as usize) else {
+            return false;
+        };
+        if let Some(m) = self.single {
+            return m.contains(*hash);
         }
+        if let Some((set, mask)) = self.combined {
+            return set.contains_all(mask, *hash);
+        }
+        self.holders.iter().all(|m| m.contains(*hash))
     }
     #[inline]
     fn has_block(&self, i: u64) -> bool {
@@ -264,17 +281,28 @@ impl View<'_> {
     /// probes).
     fn mamba_by_states(&self, l: u64) -> Option<u64> {
         const FEW: usize = 8;
-        let [HolderRef::Own(m)] = self.holders else {
-            return None;
-        };
-        if m.distinct() > FEW || !self.align.is_multiple_of(self.h) {
+        if !self.align.is_multiple_of(self.h) {
             return None;
         }
         let mut held = [0u64; FEW];
         let mut n = 0;
-        for (slot, state) in held.iter_mut().zip(m.keys()) {
-            *slot = state;
-            n += 1;
+        match self.holders {
+            [HolderRef::Own(m)] if m.distinct() <= FEW => {
+                for (at, state) in held.iter_mut().zip(m.keys()) {
+                    *at = state;
+                    n += 1;
+                }
+            }
+            // Listing a slot walks its whole table: only for small tables.
+            [HolderRef::Spec { set, slot }]
+                if set.len() <= 4 * FEW && set.distinct(*slot) <= FEW as u64 =>
+            {
+                for (at, state) in held.iter_mut().zip(set.keys(*slot)) {
+                    *at = state;
+                    n += 1;
+                }
+            }
+            _ => return None,
         }
         let held = &held[..n];
         let mut len = l;
@@ -299,6 +327,26 @@ impl View<'_> {
     }
 }
 
+/// The one table and the bits of `holders` when there are several and all are slots of it.
+fn combined<'a>(holders: &[HolderRef<'a>]) -> Option<(&'a SpecSet, u8)> {
+    if holders.len() < 2 {
+        return None;
+    }
+    let mut table: Option<&'a SpecSet> = None;
+    let mut mask = 0u8;
+    for hd in holders {
+        let HolderRef::Spec { set, slot } = *hd else {
+            return None;
+        };
+        match table {
+            Some(t) if !std::ptr::eq(t, set) => return None,
+            _ => table = Some(set),
+        }
+        mask |= 1 << slot;
+    }
+    table.map(|t| (t, mask))
+}
+
 fn make_view<'a>(
     spec: &GroupSpec,
     holders: &'a [HolderRef<'a>],
@@ -313,6 +361,11 @@ fn make_view<'a>(
     Some(View {
         hashes,
         holders,
+        combined: combined(holders),
+        single: match holders {
+            [HolderRef::Own(m)] => Some(*m),
+            _ => None,
+        },
         block: b,
         k: b / h,
         h,
