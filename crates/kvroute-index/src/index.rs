@@ -11,13 +11,14 @@
 //! holder ids back.
 //! Must not: decode wire bytes or talk to sockets.
 
+use crate::chains::Chains;
 use crate::counters::{Counter, Counters};
 use crate::event::Rule;
 use crate::event::{Event, WorkerId};
 use crate::hash::{self, BlockExtras, BlockHasher, HashAlgo};
 use crate::holder::{MixBuild, Multiset};
 use crate::layout::{GroupSpec, Params, Plan};
-use crate::rank::{HashMode, RankState, RankStats, WorkerConfig};
+use crate::rank::{RankState, RankStats, WorkerConfig};
 use crate::rules::{self, GroupEvidence, HolderRef, Lookup, STACK_LOOKUPS};
 use crate::runs::Runs;
 use parking_lot::RwLock;
@@ -102,118 +103,6 @@ pub struct Index {
     default_config: WorkerConfig,
     counters: Counters,
 }
-
-/// Hash chains of one request: computed lazily once per distinct setting, or given by the
-/// caller (one chain for every rank).
-pub(crate) struct Chains<'q> {
-    /// The request's length and whether it skips the prefix cache.
-    pub(crate) n_tokens: usize,
-    pub(crate) skip: bool,
-    source: Source<'q>,
-    /// (mode, hash block, chain) per distinct setting seen (usually one).
-    cache: Vec<(HashMode, u32, Vec<u64>)>,
-    /// (chain slot, stride, leading blocks per shared holder id): the request walked through
-    /// the shared run store once per setting and group block size.
-    walks: Vec<(usize, u32, Vec<u32>)>,
-}
-
-enum Source<'q> {
-    /// Hash the request's tokens.
-    Tokens(&'q Query),
-    /// The caller's chain, for every rank.
-    Given(&'q [u64]),
-}
-
-impl<'q> Chains<'q> {
-    pub(crate) fn new(query: &'q Query) -> Self {
-        Chains {
-            n_tokens: query.tokens.len(),
-            skip: query.skip_prefix_cache,
-            source: Source::Tokens(query),
-            cache: Vec::new(),
-            walks: Vec::new(),
-        }
-    }
-
-    pub(crate) fn given(n_tokens: usize, chain: &'q [u64]) -> Self {
-        Chains {
-            n_tokens,
-            skip: false,
-            source: Source::Given(chain),
-            cache: Vec::new(),
-            walks: Vec::new(),
-        }
-    }
-
-    /// The slot of the chain at (mode, h), hashing the request the first time (a given chain
-    /// is every setting's: slot `GIVEN`).
-    pub(crate) fn slot(&mut self, mode: &HashMode, h: u32) -> usize {
-        let query = match self.source {
-            Source::Given(_) => return GIVEN,
-            Source::Tokens(query) => query,
-        };
-        if let Some(at) = self
-            .cache
-            .iter()
-            .position(|(m, hb, _)| *hb == h && m == mode)
-        {
-            return at;
-        }
-        // Every full hash block of the request, as vLLM's `request.block_hashes`; the rules
-        // never look past `n − 1` except EAGLE's one-unit margin.
-        let toks = &query.tokens[..];
-        let chain = match mode {
-            HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
-                .chain(toks, h as usize, &query.extras)
-                .iter()
-                .map(|d| hash::external(d).0)
-                .collect(),
-            HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
-        };
-        self.cache.push((mode.clone(), h, chain));
-        self.cache.len() - 1
-    }
-
-    /// The chain in `slot`.
-    pub(crate) fn chain_at(&self, slot: usize) -> &[u64] {
-        match self.source {
-            Source::Given(chain) => chain,
-            Source::Tokens(_) => self.cache.get(slot).map_or(&[][..], |(_, _, c)| c),
-        }
-    }
-
-    /// Walks the chain in `slot`, every `k`-th hash, through the shared store, once.
-    pub(crate) fn ensure_walk(&mut self, slot: usize, k: u32, runs: &Runs) {
-        if self.walk(slot, k).is_some() {
-            return;
-        }
-        let mut touched = Vec::new();
-        walk_strided(runs, self.chain_at(slot), k, &mut touched);
-        let mut prefix = vec![0u32; runs.holder_slots()];
-        for (id, blocks) in touched {
-            prefix[id as usize] = blocks;
-        }
-        self.walks.push((slot, k, prefix));
-    }
-
-    /// Seeds the walk cache with a walk done by the caller.
-    pub(crate) fn seed_walk(&mut self, slot: usize, k: u32, prefix: Vec<u32>) {
-        if self.walk(slot, k).is_none() {
-            self.walks.push((slot, k, prefix));
-        }
-    }
-
-    /// Leading blocks per shared holder id of a walk done before.
-    pub(crate) fn walk(&self, slot: usize, k: u32) -> Option<&[u32]> {
-        self.walks
-            .iter()
-            .find(|(sl, kk, _)| *sl == slot && *kk == k)
-            .map(|(_, _, p)| &p[..])
-    }
-}
-
-/// The slot of a caller's chain.
-const GIVEN: usize = usize::MAX;
 
 impl Index {
     pub fn new() -> Index {
@@ -632,23 +521,6 @@ pub(crate) fn predict_rank(
     pred.group_blind = j.group_blind;
     pred.groups = j.groups;
     pred
-}
-
-/// Walks `chain`, every `k`-th hash (from the `k`-th), through the shared store: (holder,
-/// leading blocks) of every holder of its first block.
-pub(crate) fn walk_strided(runs: &Runs, chain: &[u64], k: u32, out: &mut Vec<(u32, u32)>) {
-    if k <= 1 {
-        runs.walk(chain, out);
-    } else {
-        let strided: Vec<u64> = chain
-            .get(k as usize - 1..)
-            .unwrap_or_default()
-            .iter()
-            .step_by(k as usize)
-            .copied()
-            .collect();
-        runs.walk(&strided, out);
-    }
 }
 
 /// The stride (hash blocks per block) of a full-attention group kept in the shared store, when

@@ -8,6 +8,7 @@
 pub mod event;
 
 pub use event::*;
+mod chains;
 pub mod counters;
 pub mod hash;
 pub mod holder;

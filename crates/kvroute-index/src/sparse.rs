@@ -13,10 +13,8 @@
 //! read locks.
 //! Must not: change any state but the roster cache.
 
-use crate::index::{
-    predict_rank, shared_stride, walk_strided, Chains, Detail, Index, Prediction, Query, RankId,
-    Ranks,
-};
+use crate::chains::{walk_strided, Chains};
+use crate::index::{predict_rank, shared_stride, Detail, Index, Prediction, Query, RankId, Ranks};
 use crate::layout::Params;
 use crate::rank::HashMode;
 use crate::rules::start_length;
