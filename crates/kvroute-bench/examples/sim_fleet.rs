@@ -9,9 +9,8 @@
 //! `cargo run --release -p kvroute-bench --example sim_fleet -- [preset ...]`
 //! (default: llama gpt-oss gemma3).
 
-use kvroute_index::hash::DEFAULT_SEED;
-use kvroute_index::index::block_hashes;
-use kvroute_index::{BlockExtras, Detail, Event, HashAlgo, Index, WorkerConfig};
+use kvroute_bench::{chain, segment_tokens};
+use kvroute_index::{Detail, Event, Index, WorkerConfig};
 use kvroute_sim::engine::{Engine, EngineConfig, NewRequest};
 use std::time::Instant;
 
@@ -22,17 +21,11 @@ const SYSTEM: usize = 1024;
 const USER: usize = 300;
 const OUTPUT: usize = 64;
 
-/// Deterministic tokens (splitmix64) below `vocab`.
+/// Deterministic tokens below `vocab` (the bench workload's stream, folded into the vocabulary).
 fn tokens(seed: u64, n: usize, vocab: u32) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % u64::from(vocab)) as u32
-        })
+    segment_tokens(seed, n)
+        .into_iter()
+        .map(|t| t % vocab)
         .collect()
 }
 
@@ -133,16 +126,7 @@ fn run(preset: &str) {
             // The next turn, and the same turn on a conversation's neighbour's worker.
             let mut next = h.clone();
             next.extend(tokens(50_000 + c as u64, USER, vocab));
-            let chain: Vec<u64> = block_hashes(
-                HashAlgo::Sha256,
-                DEFAULT_SEED,
-                16,
-                &next[..next.len() - 1],
-                &BlockExtras::default(),
-            )
-            .into_iter()
-            .map(|(_, v, _)| v)
-            .collect();
+            let chain = chain(&next[..next.len() - 1], 16);
             [(next.len(), chain.clone()), (next.len(), chain)]
         })
         .collect();

@@ -296,14 +296,7 @@ impl Index {
 
     /// A known rank's id.
     pub fn rank_id(&self, worker: &WorkerId, dp_rank: u32) -> Option<RankId> {
-        let rank = self
-            .ranks
-            .read()
-            .by_key
-            .get(&(worker.clone(), dp_rank))
-            .cloned()?;
-        let id = rank.read().id;
-        Some(RankId(id))
+        self.inspect(worker, dp_rank, |r| RankId(r.id))
     }
 
     /// Workers and ranks known, sorted.
