@@ -299,6 +299,17 @@ impl Index {
         self.inspect(worker, dp_rank, |r| RankId(r.id))
     }
 
+    /// The lookup parameters of a worker's first rank that has any (its layout is known), with
+    /// that rank: what a caller of `hits` needs for a worker that hits nothing.
+    pub fn params_of(&self, worker: &WorkerId) -> Option<(u32, Params)> {
+        let ranks = self.ranks.read();
+        let from = ranks.sorted.partition_point(|((w, _), _)| w < worker);
+        ranks.sorted[from..]
+            .iter()
+            .take_while(|((w, _), _)| w == worker)
+            .find_map(|((_, d), r)| r.read().params().map(|p| (*d, p)))
+    }
+
     /// Workers and ranks known, sorted.
     pub fn ranks(&self) -> Vec<(WorkerId, u32)> {
         self.ranks

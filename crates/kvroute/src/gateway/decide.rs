@@ -1,7 +1,8 @@
 //! One routing decision: candidates, predictions, ranking, and the evidence to show for it.
 //!
 //! Owns: turning (request tokens, salt, model) into a ranked candidate list under the
-//! configured policy, from the index's per-rank predictions and the registry's load figures;
+//! configured policy, from the index's routing prediction (the ranks that hit; a worker not
+//! listed hits 0) and the registry's load figures;
 //! and the `x-kvroute-decision` evidence.
 //! Invariants: only routable workers serving the model are candidates; a worker's prediction
 //! is the best of its DP ranks (the engine's own balancer picks the rank).
@@ -11,7 +12,6 @@ use super::config::PolicyWeights;
 use super::pending::{prompt_checkpoint, Forecast, Prompt};
 use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
-use kvroute_index::index::Detail;
 use kvroute_index::rules::GroupEvidence;
 use kvroute_index::{BlockExtras, Params, Query};
 use serde::Serialize;
@@ -98,7 +98,9 @@ pub fn decide<'a>(
         .collect();
     let hybrid = policy == PolicyKind::HybridAware;
     if policy.uses_cache() {
-        for p in registry.index.predict_all_detail(&q, Detail::Cached) {
+        // Only the ranks that hit are listed (the rest predict 0): one walk of the request
+        // through the index's shared store, not one visit per rank.
+        for p in registry.index.predict_hits(&q) {
             let blind = p.group_blind.min(n.saturating_sub(1));
             let row = Best {
                 cached: if policy == PolicyKind::GroupBlind {
@@ -122,6 +124,26 @@ pub fn decide<'a>(
     // junction credit on top of the best the fleet can serve (now or once those are stored).
     let mut outlooks: HashMap<&str, Outlook> = HashMap::new();
     let prompt = hybrid.then(|| Prompt::new(tokens, &q.extras));
+    if prompt.is_some() {
+        // A worker that hits nothing still needs its lookup parameters: for the checkpoints
+        // this request would leave there, and for the forecast of a sibling it may be
+        // prefilling.
+        for w in workers {
+            let name = w.spec.name.as_str();
+            if best.contains_key(name) {
+                continue;
+            }
+            if let Some((rank, params)) = registry.index.params_of(&w.id) {
+                let row = Best {
+                    cached: 0,
+                    rank,
+                    blind: 0,
+                    params: Some(params),
+                };
+                best.insert(name, row);
+            }
+        }
+    }
     if let Some(prompt) = &prompt {
         for w in workers {
             let name = w.spec.name.as_str();
