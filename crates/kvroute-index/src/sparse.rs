@@ -278,6 +278,10 @@ mod tests {
         assert_eq!(named, vec![("a".into(), 48), ("c".into(), 16)]);
         let a = index.rank_id(&"a".into(), 0).unwrap();
         assert_eq!(hits[0].rank, a);
+        // A worker that hits nothing still has its lookup parameters; an unknown one has none.
+        let (rank, params) = index.params_of(&"b".into()).unwrap();
+        assert_eq!((rank, params.align, params.hash_block), (0, 16, 16));
+        assert_eq!(index.params_of(&"zzz".into()), None);
         index.remove_worker(&"a".into());
         assert_eq!(index.rank_key(a), None);
         index.apply(&store("a", 0, CacheKind::FullAttention, &chain[..3]));
