@@ -49,7 +49,6 @@ impl Run {
 #[derive(Default, Clone, Copy, Debug)]
 struct Totals {
     live: bool,
-    distinct: u64,
     total: u64,
 }
 
@@ -126,11 +125,6 @@ impl Runs {
     /// Copies `id` holds, duplicates included.
     pub fn total(&self, id: u32) -> u64 {
         self.holders.get(id as usize).map_or(0, |t| t.total)
-    }
-
-    /// Distinct hashes `id` holds.
-    pub fn distinct(&self, id: u32) -> u64 {
-        self.holders.get(id as usize).map_or(0, |t| t.distinct)
     }
 
     /// Every hash `id` holds with its copies (a scan of every run: for tests and dumps).
@@ -215,7 +209,6 @@ impl Runs {
                             }
                         }
                         run.hashes.push(h);
-                        t.distinct += 1;
                         t.total += 1;
                         prev = Some(h);
                         i += 1;
@@ -301,9 +294,7 @@ impl Runs {
                 }
             }
         }
-        let t = &mut self.holders[id as usize];
-        t.distinct = 0;
-        t.total = 0;
+        self.holders[id as usize].total = 0;
     }
 
     /// For every holder that holds `chain[0]`, the number of leading hashes of `chain` it holds:
@@ -426,9 +417,7 @@ impl Runs {
         let run = &mut self.runs[r as usize];
         let (lo, end) = (run.lo as usize, run.hashes.len());
         if let [(id, _)] = run.holders[..] {
-            let t = &mut self.holders[id as usize];
-            t.distinct -= m as u64;
-            t.total -= m as u64;
+            self.holders[id as usize].total -= m as u64;
         }
         if start == lo && start + m == end {
             self.delete_run(r);
@@ -469,10 +458,7 @@ impl Runs {
         let t = &mut self.holders[id as usize];
         match run.holders.binary_search_by_key(&id, |(h, _)| *h) {
             Ok(at) => run.holders[at].1 += 1,
-            Err(at) => {
-                run.holders.insert(at, (id, 1));
-                t.distinct += m;
-            }
+            Err(at) => run.holders.insert(at, (id, 1)),
         }
         t.total += m;
     }
@@ -487,7 +473,6 @@ impl Runs {
             run.holders[at].1 -= 1;
             if run.holders[at].1 == 0 {
                 run.holders.remove(at);
-                t.distinct -= m;
                 if run.holders.is_empty() {
                     self.delete_run(r);
                 }
@@ -527,7 +512,7 @@ impl Runs {
     /// Checks every invariant (tests).
     #[cfg(test)]
     fn check(&self) {
-        let mut totals = vec![(0u64, 0u64); self.holders.len()];
+        let mut totals = vec![0u64; self.holders.len()];
         let mut seen = 0;
         for (r, run) in self.runs.iter().enumerate() {
             if run.holders.is_empty() {
@@ -550,13 +535,12 @@ impl Runs {
             }
             for (id, c) in &run.holders {
                 assert!(*c >= 1);
-                totals[*id as usize].0 += run.len() as u64;
-                totals[*id as usize].1 += run.len() as u64 * *c as u64;
+                totals[*id as usize] += run.len() as u64 * *c as u64;
             }
         }
         assert_eq!(seen, self.map.len());
         for (id, t) in self.holders.iter().enumerate() {
-            assert_eq!((t.distinct, t.total), totals[id], "holder {id}");
+            assert_eq!(t.total, totals[id], "holder {id}");
         }
     }
 }
