@@ -7,6 +7,8 @@
 //! blocks are counted in the stride's blocks, from the request's first.
 //! Must not: lock anything or read rank state (the index passes the store it holds).
 
+use crate::counters::{Counter, Counters};
+use crate::hash::cache::DigestCache;
 use crate::hash::{self, BlockHasher};
 use crate::index::Query;
 use crate::rank::HashMode;
@@ -27,18 +29,18 @@ pub(crate) struct Chains<'q> {
 }
 
 enum Source<'q> {
-    /// Hash the request's tokens.
-    Tokens(&'q Query),
+    /// Hash the request's tokens (blocks seen before come from the index's digest cache).
+    Tokens(&'q Query, &'q DigestCache, &'q Counters),
     /// The caller's chain, for every rank.
     Given(&'q [u64]),
 }
 
 impl<'q> Chains<'q> {
-    pub(crate) fn new(query: &'q Query) -> Self {
+    pub(crate) fn new(query: &'q Query, digests: &'q DigestCache, counters: &'q Counters) -> Self {
         Chains {
             n_tokens: query.tokens.len(),
             skip: query.skip_prefix_cache,
-            source: Source::Tokens(query),
+            source: Source::Tokens(query, digests, counters),
             cache: Vec::new(),
             walks: Vec::new(),
         }
@@ -57,9 +59,9 @@ impl<'q> Chains<'q> {
     /// The slot of the chain at (mode, h), hashing the request the first time (a given chain
     /// is every setting's: slot `GIVEN`).
     pub(crate) fn slot(&mut self, mode: &HashMode, h: u32) -> usize {
-        let query = match self.source {
+        let (query, digests, counters) = match self.source {
             Source::Given(_) => return GIVEN,
-            Source::Tokens(query) => query,
+            Source::Tokens(query, digests, counters) => (query, digests, counters),
         };
         if let Some(at) = self
             .cache
@@ -72,11 +74,13 @@ impl<'q> Chains<'q> {
         // never look past `n − 1` except EAGLE's one-unit margin.
         let toks = &query.tokens[..];
         let chain = match mode {
-            HashMode::Engine { algo, seed } => BlockHasher::new(*algo, seed)
-                .chain(toks, h as usize, &query.extras)
-                .iter()
-                .map(|d| hash::external(d).0)
-                .collect(),
+            HashMode::Engine { algo, seed } => {
+                let hasher = BlockHasher::new(*algo, seed);
+                let (digests, used) = digests.chain(&hasher, toks, h as usize, &query.extras);
+                counters.add(Counter::DigestCacheHits, used.hits);
+                counters.add(Counter::BlocksHashed, used.hashed);
+                digests.iter().map(|d| hash::external(d).0).collect()
+            }
             HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
         };
         self.cache.push((mode.clone(), h, chain));
@@ -87,7 +91,7 @@ impl<'q> Chains<'q> {
     pub(crate) fn chain_at(&self, slot: usize) -> &[u64] {
         match self.source {
             Source::Given(chain) => chain,
-            Source::Tokens(_) => self.cache.get(slot).map_or(&[][..], |(_, _, c)| c),
+            Source::Tokens(..) => self.cache.get(slot).map_or(&[][..], |(_, _, c)| c),
         }
     }
 

@@ -40,11 +40,13 @@ counters! {
     HashCheckMismatched => "hash_check_mismatched",
     HashCheckUnverifiable => "hash_check_unverifiable",
     Predictions => "predictions",
+    DigestCacheHits => "digest_cache_hits",
+    BlocksHashed => "blocks_hashed",
 }
 
 #[derive(Default)]
 pub struct Counters {
-    values: [AtomicU64; 17],
+    values: [AtomicU64; 19],
 }
 
 impl Counters {

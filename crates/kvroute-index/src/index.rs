@@ -65,7 +65,10 @@ pub struct IndexStats {
     pub ranks: usize,
     pub holders: usize,
     pub block_copies: u64,
+    /// The index's blocks (ranks, their tables and the shared store).
     pub heap_bytes: usize,
+    /// The cache of request block digests, kept apart (bounded; not the fleet's blocks).
+    pub digest_cache_bytes: usize,
 }
 
 pub(crate) type RankKey = (WorkerId, u32);
@@ -102,11 +105,22 @@ pub struct Index {
     configs: RwLock<HashMap<WorkerId, WorkerConfig>>,
     default_config: WorkerConfig,
     counters: Counters,
+    /// Digests of request blocks seen before (hashing is most of a routing decision).
+    pub(crate) digests: crate::hash::cache::DigestCache,
 }
 
 impl Index {
     pub fn new() -> Index {
         Index::default()
+    }
+
+    /// An index whose cache of request block digests keeps at most `max_tokens` tokens (0: no
+    /// cache; `Index::new` keeps `hash::cache::DEFAULT_MAX_TOKENS`).
+    pub fn with_digest_cache(max_tokens: usize) -> Index {
+        Index {
+            digests: crate::hash::cache::DigestCache::new(max_tokens),
+            ..Index::default()
+        }
     }
 
     /// An index whose workers default to `config` unless configured one by one.
@@ -368,6 +382,7 @@ impl Index {
         let mut s = IndexStats {
             ranks: ranks.sorted.len(),
             heap_bytes: runs.heap_bytes(),
+            digest_cache_bytes: self.digests.heap_bytes(),
             ..IndexStats::default()
         };
         for (_, r) in &ranks.sorted {
@@ -387,7 +402,7 @@ impl Index {
 
     /// `predict_all` computing only what `detail` asks for (`Detail::Cached` for routing).
     pub fn predict_all_detail(&self, q: &Query, detail: Detail) -> Vec<Prediction> {
-        self.predict_each(&mut Chains::new(q), detail)
+        self.predict_each(&mut Chains::new(q, &self.digests, &self.counters), detail)
     }
 
     /// Predicts a request of `n_tokens` tokens whose 64-bit block-hash chain is `chain`, on
@@ -437,7 +452,7 @@ impl Index {
         let ranks = self.ranks.read();
         let rank = ranks.by_key.get(&(worker.clone(), dp_rank));
         let runs = self.runs.read();
-        let mut chains = Chains::new(q);
+        let mut chains = Chains::new(q, &self.digests, &self.counters);
         match rank {
             Some(r) => predict_rank(worker, dp_rank, &r.read(), &runs, &mut chains, detail),
             None => Prediction {

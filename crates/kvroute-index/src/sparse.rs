@@ -118,7 +118,7 @@ impl Index {
     /// the ranks holding the request's first block (and ranks without a full-attention group)
     /// are visited.
     pub fn hits(&self, q: &Query) -> Vec<Hit> {
-        self.hits_in(&mut Chains::new(q))
+        self.hits_in(&mut Chains::new(q, &self.digests, self.counters()))
     }
 
     /// `hits` for a request whose chain the caller computed (as `predict_all_with_chain`).

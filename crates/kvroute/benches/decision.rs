@@ -1,5 +1,5 @@
 //! Routing decision time: p50/p99 per decision (request hashing included) for 64 workers and
-//! 8k-token prompts, under each cache policy. Not a pass/fail test; figures go to
+//! 8k-token prompts, under each cache policy, with the index's digest cache off and on. Not a pass/fail test; figures go to
 //! docs/benchmarks.md with this command:
 //!
 //! ```sh
@@ -11,6 +11,7 @@ use kvroute::gateway::decide::decide;
 use kvroute::gateway::policy::PolicyKind;
 use kvroute::gateway::registry::Registry;
 use kvroute_index::event::{CacheKind, Event, Stored};
+use kvroute_index::hash::cache::DEFAULT_MAX_TOKENS;
 use kvroute_index::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
 use kvroute_index::{BlockExtras, Index};
 use std::sync::Arc;
@@ -49,18 +50,109 @@ fn main() {
         .build()
         .expect("runtime");
     let _guard = rt.enter();
-    let index = Arc::new(Index::new());
-    let registry = Registry::new(index.clone());
     let hasher = BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED);
-    // Every worker holds an 8k prompt: a 2k system prompt shared by 8 workers, then its own.
+    println!("decision time, {WORKERS} workers, {TOKENS}-token prompts, block {BLOCK} (full + sliding window 128):");
+    // Without the digest cache every decision hashes its whole request; with it (the default),
+    // a request repeating a prefix seen before hashes only its new blocks (here after the
+    // first round of 64 requests: each continues one worker's prompt with 64 new tokens).
+    for (label, cache_tokens) in [
+        ("digest cache off", 0),
+        ("digest cache on (default)", DEFAULT_MAX_TOKENS),
+    ] {
+        println!(" {label}:");
+        let (registry, prompts) = fleet(&hasher, cache_tokens);
+        let workers = registry.all();
+        let weights = PolicyWeights::default();
+        for policy in [
+            PolicyKind::HybridAware,
+            PolicyKind::GroupBlind,
+            PolicyKind::LeastLoad,
+        ] {
+            let mut times = Vec::new();
+            for i in 0..400 {
+                let mut req = prompts[i % WORKERS].clone();
+                req.extend(tokens(i as u64 + 77, 64));
+                let t = Instant::now();
+                let r = decide(
+                    &registry, &workers, &req, None, false, policy, &weights, i as u64, false,
+                );
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+                assert!(!r.order.is_empty());
+            }
+            times.sort_by(f64::total_cmp);
+            let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+            println!(
+                "  {:<13} p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs",
+                policy.name(),
+                p(0.5),
+                p(0.99),
+                p(1.0)
+            );
+        }
+        // Prompts never seen (no reuse at all): what keeping their blocks costs.
+        let mut times = Vec::new();
+        for i in 0..200 {
+            let req = tokens(1_000_000 + i as u64, TOKENS + 64);
+            let t = Instant::now();
+            let r = decide(
+                &registry,
+                &workers,
+                &req,
+                None,
+                false,
+                PolicyKind::HybridAware,
+                &weights,
+                i as u64,
+                false,
+            );
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+            assert!(!r.order.is_empty());
+        }
+        times.sort_by(f64::total_cmp);
+        let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+        println!(
+            "  {:<13} p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs   (hybrid-aware, prompts never seen)",
+            "unseen",
+            p(0.5),
+            p(0.99),
+            p(1.0)
+        );
+    }
+    // Hashing alone, for context.
+    let prompts: Vec<Vec<u32>> = (0..WORKERS).map(prompt).collect();
+    let mut times = Vec::new();
+    for i in 0..100 {
+        let t = Instant::now();
+        let c = hasher.chain(&prompts[i % WORKERS], BLOCK, &BlockExtras::default());
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(c.len(), TOKENS / BLOCK);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "  sha256 chain of one 8k prompt alone: p50 {:.1} µs",
+        times[times.len() / 2]
+    );
+}
+
+/// Worker `w`'s prompt: a 2k system prompt shared by 8 workers, then its own.
+fn prompt(w: usize) -> Vec<u32> {
+    let mut p = tokens(1000 + (w / 8) as u64, 2048);
+    p.extend(tokens(w as u64, TOKENS - 2048));
+    p
+}
+
+/// A registry of `WORKERS` workers, each holding its prompt, over an index whose digest cache
+/// keeps `cache_tokens`; with the prompts.
+fn fleet(hasher: &BlockHasher, cache_tokens: usize) -> (Registry, Vec<Vec<u32>>) {
+    let index = Arc::new(Index::with_digest_cache(cache_tokens));
+    let registry = Registry::new(index.clone());
     let mut prompts = Vec::new();
     for w in 0..WORKERS {
         let name = format!("w{w:02}");
         registry
             .add(WorkerSpec::new(&name, "http://127.0.0.1:9", "m"))
             .expect("add");
-        let mut p = tokens(1000 + (w / 8) as u64, 2048);
-        p.extend(tokens(w as u64, TOKENS - 2048));
+        let p = prompt(w);
         let chain: Vec<u64> = hasher
             .chain(&p, BLOCK, &BlockExtras::default())
             .iter()
@@ -77,46 +169,5 @@ fn main() {
         ));
         prompts.push(p);
     }
-    let workers = registry.all();
-    let weights = PolicyWeights::default();
-    println!("decision time, {WORKERS} workers, {TOKENS}-token prompts, block {BLOCK} (full + sliding window 128):");
-    for policy in [
-        PolicyKind::HybridAware,
-        PolicyKind::GroupBlind,
-        PolicyKind::LeastLoad,
-    ] {
-        let mut times = Vec::new();
-        for i in 0..400 {
-            let mut req = prompts[i % WORKERS].clone();
-            req.extend(tokens(i as u64 + 77, 64));
-            let t = Instant::now();
-            let r = decide(
-                &registry, &workers, &req, None, false, policy, &weights, i as u64, false,
-            );
-            times.push(t.elapsed().as_secs_f64() * 1e6);
-            assert!(!r.order.is_empty());
-        }
-        times.sort_by(f64::total_cmp);
-        let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
-        println!(
-            "  {:<13} p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs",
-            policy.name(),
-            p(0.5),
-            p(0.99),
-            p(1.0)
-        );
-    }
-    // Hashing alone, for context.
-    let mut times = Vec::new();
-    for i in 0..100 {
-        let t = Instant::now();
-        let c = hasher.chain(&prompts[i % WORKERS], BLOCK, &BlockExtras::default());
-        times.push(t.elapsed().as_secs_f64() * 1e6);
-        assert_eq!(c.len(), TOKENS / BLOCK);
-    }
-    times.sort_by(f64::total_cmp);
-    println!(
-        "  sha256 chain of one 8k prompt alone: p50 {:.1} µs",
-        times[times.len() / 2]
-    );
+    (registry, prompts)
 }

@@ -3,11 +3,12 @@
 //! Owns: `HashAlgo` (`sha256`, `sha256_cbor`), `NONE_HASH` from a seed string, the tagged extra
 //! keys (`("lora", name, path)` on every block, `("cache_salt", salt)` on the first), the chain
 //! over full hash blocks, and the fast content-key chain used where the engine's hash cannot be
-//! reproduced.
+//! reproduced; `cache` remembers digests of blocks seen before.
 //! Invariants: digests chain on *full* parent digests, never on truncated 64-bit values; the
 //! 64-bit external form is the digest's last 8 bytes big-endian; only full hash blocks hash.
 //! Must not: allocate per token on the hot path beyond the one serialization buffer per block.
 
+pub mod cache;
 pub mod cbor;
 pub mod pickle;
 

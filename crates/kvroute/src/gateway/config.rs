@@ -247,6 +247,11 @@ pub struct GatewayConfig {
     /// Upstream request timeout, seconds.
     #[serde(default = "default_timeout")]
     pub request_timeout_secs: f64,
+    /// Tokens of request blocks whose digests the index remembers, so a prefix seen before is
+    /// not hashed again (0 turns it off; memory ≈ 4 bytes per token plus ≈ 100 bytes per hash
+    /// block).
+    #[serde(default = "default_digest_cache")]
+    pub digest_cache_tokens: usize,
     #[serde(default)]
     pub workers: Vec<WorkerSpec>,
 }
@@ -266,6 +271,9 @@ fn default_health() -> f64 {
 fn default_timeout() -> f64 {
     600.0
 }
+fn default_digest_cache() -> usize {
+    kvroute_index::hash::cache::DEFAULT_MAX_TOKENS
+}
 
 impl Default for GatewayConfig {
     fn default() -> Self {
@@ -279,6 +287,7 @@ impl Default for GatewayConfig {
             explain_always: false,
             health_interval_secs: default_health(),
             request_timeout_secs: default_timeout(),
+            digest_cache_tokens: default_digest_cache(),
             workers: Vec::new(),
         }
     }

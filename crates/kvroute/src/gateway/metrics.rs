@@ -161,6 +161,9 @@ impl Metrics {
         self.index_size
             .with_label_values(&["heap_bytes"])
             .set(s.heap_bytes as i64);
+        self.index_size
+            .with_label_values(&["digest_cache_bytes"])
+            .set(s.digest_cache_bytes as i64);
         if let Ok(v) = serde_json::to_value(wire.snapshot()) {
             flatten("", &v, &mut |k, n| self.wire.with_label_values(&[k]).set(n));
         }

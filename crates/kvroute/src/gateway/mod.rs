@@ -98,7 +98,7 @@ impl Gateway {
     /// and serves until `shutdown`.
     pub async fn start(config: GatewayConfig) -> anyhow::Result<GatewayHandle> {
         config.validate().map_err(anyhow::Error::msg)?;
-        let index = Arc::new(Index::new());
+        let index = Arc::new(Index::with_digest_cache(config.digest_cache_tokens));
         let registry = Arc::new(Registry::new(index));
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs_f64(

@@ -1,0 +1,355 @@
+//! Block digests remembered across requests: most requests repeat a prefix an earlier one had
+//! (a system prompt, the turns before in a conversation), and hashing the request is most of a
+//! routing decision. A block's digest depends only on the algorithm, its parent's digest (which
+//! carries the seed and everything before), its tokens and its extra keys, so a block without
+//! extra keys seen before is looked up instead of serialized and hashed again.
+//!
+//! Owns: (algorithm, parent digest, tokens) → digest for blocks without extra keys, each in a
+//! slot keyed by a fast hash of its whole prefix, under one lock; the count of tokens kept.
+//! When an insert would pass the bound, everything is dropped and filling starts over (a new
+//! generation: simple, and the hot prefixes come back at once).
+//! Invariants: an entry's digest is exactly what `BlockHasher` computes for its algorithm,
+//! parent and tokens with no extra keys (entries are only made from that); a lookup answers
+//! only on equal algorithm, parent and tokens (the 64-bit slot key picks the slot, never the
+//! answer); the tokens kept never pass the bound; `chain` returns exactly `BlockHasher::chain`.
+//! Must not: keep a block with extra keys (a salted request's first block, any LoRA block),
+//! answer from a slot key alone, or hold its lock while hashing a block it will keep.
+
+use super::{BlockExtras, BlockHasher, Digest, HashAlgo};
+use crate::holder::MixBuild;
+use parking_lot::RwLock;
+use std::collections::HashMap;
+
+/// Tokens the index's cache keeps by default: 4 MiB of token ids, about 11 MB in all at
+/// 16-token hash blocks (65,536 blocks).
+pub const DEFAULT_MAX_TOKENS: usize = 1 << 20;
+
+/// A kept block; its tokens are `arena[at..at + len]` (no allocation of its own, so dropping a
+/// generation frees nothing per entry).
+struct Entry {
+    algo: HashAlgo,
+    parent: Digest,
+    digest: Digest,
+    at: u32,
+    len: u32,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Slot key → index in `entries` (a small slot, so a miss probes a small table).
+    map: HashMap<u64, u32, MixBuild>,
+    /// Kept blocks in the order kept (a slot taken over leaves its old entry behind until the
+    /// generation ends).
+    entries: Vec<Entry>,
+    /// Every kept block's tokens, appended (a slot taken over leaves its old tokens behind
+    /// until the generation ends); its length is what the bound counts.
+    arena: Vec<u32>,
+}
+
+impl Inner {
+    fn entry(&self, key: u64) -> Option<&Entry> {
+        self.entries.get(*self.map.get(&key)? as usize)
+    }
+
+    fn tokens_of(&self, e: &Entry) -> &[u32] {
+        let at = e.at as usize;
+        self.arena.get(at..at + e.len as usize).unwrap_or_default()
+    }
+}
+
+/// What one `chain` call did, for the index's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheUse {
+    /// Blocks answered from the cache.
+    pub hits: u64,
+    /// Blocks hashed (kept or not).
+    pub hashed: u64,
+}
+
+/// The cache (see the module doc). `max_tokens == 0` turns it off.
+pub struct DigestCache {
+    inner: RwLock<Inner>,
+    max_tokens: usize,
+}
+
+impl Default for DigestCache {
+    fn default() -> Self {
+        DigestCache::new(DEFAULT_MAX_TOKENS)
+    }
+}
+
+impl DigestCache {
+    pub fn new(max_tokens: usize) -> DigestCache {
+        DigestCache {
+            inner: RwLock::new(Inner::default()),
+            max_tokens,
+        }
+    }
+
+    /// Digests of every full `block`-token hash block of `tokens`: `hasher.chain(tokens,
+    /// block, extras)`, with the blocks seen before looked up.
+    ///
+    /// A lookup keyed by the parent's digest would wait for the previous lookup (a cache miss
+    /// each, slower than hashing). So each block's slot is keyed by a fast hash of the whole
+    /// prefix up to it (computed without the digests), every slot is fetched independently,
+    /// and the entries found are then checked in order against the digests (the parent, the
+    /// tokens, the algorithm: exact, whatever the slot key). From the first miss on, blocks
+    /// are hashed without a lock and kept under one write lock at the end.
+    pub fn chain(
+        &self,
+        hasher: &BlockHasher,
+        tokens: &[u32],
+        block: usize,
+        extras: &BlockExtras,
+    ) -> (Vec<Digest>, CacheUse) {
+        if block == 0 || self.max_tokens < block || extras.lora.is_some() {
+            let chain = hasher.chain(tokens, block, extras);
+            let hashed = chain.len() as u64;
+            return (chain, CacheUse { hits: 0, hashed });
+        }
+        let algo = hasher.algo();
+        let blocks: Vec<&[u32]> = tokens.chunks_exact(block).collect();
+        let mut out: Vec<Digest> = Vec::with_capacity(blocks.len());
+        let mut used = CacheUse::default();
+        // A salted first block carries its salt: hashed every time, never kept; the blocks
+        // after it chain on its digest.
+        let first = usize::from(extras.cache_salt.is_some());
+        if first == 1 {
+            if let Some(chunk) = blocks.first() {
+                out.push(hasher.hash_block(None, chunk, extras, 0));
+                used.hashed += 1;
+            }
+        }
+        let anchor = *out.last().unwrap_or(hasher.none_hash());
+        let mut keys: Vec<u64> = Vec::with_capacity(blocks.len());
+        for chunk in blocks.iter().skip(first) {
+            keys.push(match keys.last() {
+                None => slot_key(algo as u64, Some(&anchor), chunk),
+                Some(k) => slot_key(*k, None, chunk),
+            });
+        }
+        {
+            let inner = self.inner.read();
+            // Fetched a batch at a time: the fetches of a batch overlap, and a request whose
+            // first block is new costs one batch, not a probe per block.
+            const BATCH: usize = 16;
+            let mut todo = blocks.iter().skip(first).zip(&keys).peekable();
+            'batches: while todo.peek().is_some() {
+                let batch: Vec<(&&[u32], Option<&Entry>)> = todo
+                    .by_ref()
+                    .take(BATCH)
+                    .map(|(chunk, k)| (chunk, inner.entry(*k)))
+                    .collect();
+                for (chunk, e) in batch {
+                    let parent = out.last().unwrap_or(hasher.none_hash());
+                    match e {
+                        Some(e)
+                            if e.algo == algo
+                                && e.parent == *parent
+                                && inner.tokens_of(e) == *chunk =>
+                        {
+                            out.push(e.digest);
+                            used.hits += 1;
+                        }
+                        _ => break 'batches,
+                    }
+                }
+            }
+        }
+        let first_new = out.len();
+        for (i, chunk) in blocks.iter().enumerate().skip(first_new) {
+            let d = hasher.hash_block(out.last(), chunk, extras, i);
+            out.push(d);
+            used.hashed += 1;
+        }
+        if first_new < blocks.len() {
+            let mut inner = self.inner.write();
+            for (i, chunk) in blocks.iter().enumerate().skip(first_new) {
+                let parent = if i == 0 { anchor } else { out[i - 1] };
+                if inner.arena.len() + chunk.len() > self.max_tokens {
+                    // A new generation; the tables keep their room.
+                    inner.map.clear();
+                    inner.entries.clear();
+                    inner.arena.clear();
+                }
+                if inner.map.capacity() == 0 {
+                    // Room for a whole generation at once (up to 131,072 blocks): no growth and
+                    // no rehash on the way, whose pause would land on one unlucky request.
+                    let blocks = (self.max_tokens / block).min(1 << 17);
+                    inner.map.reserve(blocks);
+                    inner.entries.reserve(blocks);
+                    inner.arena.reserve(self.max_tokens);
+                }
+                let entry = Entry {
+                    algo,
+                    parent,
+                    digest: out[i],
+                    at: inner.arena.len() as u32,
+                    len: chunk.len() as u32,
+                };
+                inner.arena.extend_from_slice(chunk);
+                // A key shared by another prefix: the newer block takes the slot.
+                let at = inner.entries.len() as u32;
+                inner.entries.push(entry);
+                inner.map.insert(keys[i - first], at);
+            }
+        }
+        (out, used)
+    }
+
+    /// Tokens kept now.
+    pub fn tokens(&self) -> usize {
+        self.inner.read().arena.len()
+    }
+
+    /// Approximate heap bytes: the slots and the token arena, as reserved.
+    pub fn heap_bytes(&self) -> usize {
+        let inner = self.inner.read();
+        inner.map.capacity() * (8 + 4 + 1)
+            + inner.entries.capacity() * std::mem::size_of::<Entry>()
+            + inner.arena.capacity() * 4
+    }
+}
+
+/// The slot key of a block: xxh3-64 over the key before it (or, for the first block kept, the
+/// algorithm and the digest it chains on) and its tokens, in one pass over a stack buffer.
+/// Only picks the slot: an entry is always checked against the digests before it is used.
+fn slot_key(before: u64, anchor: Option<&Digest>, tokens: &[u32]) -> u64 {
+    const ROOM: usize = 64;
+    let head = 8 + anchor.map_or(0, |a| a.len());
+    let mut stack = [0u8; 40 + 4 * ROOM];
+    let mut heap = Vec::new();
+    let buf: &mut [u8] = if tokens.len() <= ROOM {
+        &mut stack[..head + 4 * tokens.len()]
+    } else {
+        heap.resize(head + 4 * tokens.len(), 0);
+        &mut heap
+    };
+    buf[..8].copy_from_slice(&before.to_le_bytes());
+    if let Some(a) = anchor {
+        buf[8..head].copy_from_slice(a);
+    }
+    for (at, t) in buf[head..].chunks_exact_mut(4).zip(tokens) {
+        at.copy_from_slice(&t.to_le_bytes());
+    }
+    xxhash_rust::xxh3::xxh3_64(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn extras(salt: Option<&str>, lora: bool) -> BlockExtras {
+        BlockExtras {
+            cache_salt: salt.map(str::to_string),
+            lora: lora.then(|| ("adapter".to_string(), "/adapters/a".to_string())),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Requests that share prefixes (each continues an earlier one, or not), with and
+        /// without salts and LoRA, under both algorithms, two seeds and a bound small enough to
+        /// drop the cache many times: every chain equals the plain chain.
+        #[test]
+        fn cached_chains_equal_plain_chains(
+            requests in prop::collection::vec(
+                (0usize..4, 0usize..24, any::<bool>(), 0u8..4, any::<u8>()),
+                1..20,
+            ),
+            block in 1usize..6,
+            max_tokens in prop::sample::select(vec![0usize, 7, 40, 200, 100_000]),
+        ) {
+            let cache = DigestCache::new(max_tokens);
+            let hashers = [
+                BlockHasher::new(HashAlgo::Sha256, "vllm-none-hash"),
+                BlockHasher::new(HashAlgo::Sha256Cbor, "vllm-none-hash"),
+                BlockHasher::new(HashAlgo::Sha256, "42"),
+            ];
+            let mut earlier: Vec<Vec<u32>> = vec![Vec::new()];
+            for (base, extra, big, mode, seed) in requests {
+                // Continue an earlier request, with tokens of every pickle width now and then.
+                let mut tokens = earlier[base % earlier.len()].clone();
+                tokens.extend((0..extra).map(|j| {
+                    let t = (seed as u32).wrapping_mul(31).wrapping_add(j as u32) % 7;
+                    if big { t.wrapping_mul(0x0101_0101) } else { t }
+                }));
+                let ex = match mode {
+                    0 | 1 => extras(None, false),
+                    2 => extras(Some(if seed % 2 == 0 { "s" } else { "t" }), false),
+                    _ => extras(None, true),
+                };
+                let hasher = &hashers[seed as usize % hashers.len()];
+                let (got, used) = cache.chain(hasher, &tokens, block, &ex);
+                let want = hasher.chain(&tokens, block, &ex);
+                prop_assert_eq!(&got, &want);
+                prop_assert_eq!(used.hits + used.hashed, want.len() as u64);
+                prop_assert!(cache.tokens() <= max_tokens);
+                earlier.push(tokens);
+            }
+        }
+    }
+
+    #[test]
+    fn a_repeated_prefix_is_looked_up_not_hashed() {
+        let cache = DigestCache::default();
+        let hasher = BlockHasher::new(HashAlgo::Sha256, "vllm-none-hash");
+        let system: Vec<u32> = (0..64).collect();
+        let mut first = system.clone();
+        first.extend([900, 901, 902, 903]);
+        let (_, used) = cache.chain(&hasher, &first, 4, &BlockExtras::default());
+        assert_eq!(
+            used,
+            CacheUse {
+                hits: 0,
+                hashed: 17
+            }
+        );
+        let mut second = system;
+        second.extend([700, 701, 702, 703, 704]);
+        let (chain, used) = cache.chain(&hasher, &second, 4, &BlockExtras::default());
+        assert_eq!(
+            used,
+            CacheUse {
+                hits: 16,
+                hashed: 1
+            }
+        );
+        assert_eq!(chain, hasher.chain(&second, 4, &BlockExtras::default()));
+        // A salt changes the first block, so nothing after it is the unsalted prefix's.
+        let salted = extras(Some("tenant"), false);
+        let (_, used) = cache.chain(&hasher, &second, 4, &salted);
+        assert_eq!(
+            used,
+            CacheUse {
+                hits: 0,
+                hashed: 17
+            }
+        );
+        let (_, used) = cache.chain(&hasher, &second, 4, &salted);
+        assert_eq!(
+            used,
+            CacheUse {
+                hits: 16,
+                hashed: 1
+            },
+            "all but the salted block"
+        );
+    }
+
+    #[test]
+    fn the_bound_drops_everything_and_starts_over() {
+        let cache = DigestCache::new(8);
+        let hasher = BlockHasher::new(HashAlgo::Sha256, "vllm-none-hash");
+        let tokens: Vec<u32> = (0..12).collect();
+        let (_, used) = cache.chain(&hasher, &tokens, 4, &BlockExtras::default());
+        assert_eq!(used.hashed, 3);
+        // Two blocks fitted; the third dropped them and stayed alone.
+        assert_eq!(cache.tokens(), 4);
+        let (chain, used) = cache.chain(&hasher, &tokens, 4, &BlockExtras::default());
+        assert_eq!(used.hits, 0, "the first block was dropped");
+        assert_eq!(chain, hasher.chain(&tokens, 4, &BlockExtras::default()));
+    }
+}
