@@ -399,4 +399,41 @@ mod tests {
         let given = index.hits_with_chain(100, &chain);
         assert_eq!((given[0].cached, given[0].group_blind), (48, 48));
     }
+
+    /// A request repeating a prefix hashes only its new blocks, predicts what hashing all of
+    /// them would, and an index without the cache hashes everything every time.
+    #[test]
+    fn a_repeated_prefix_is_hashed_once_and_predicts_the_same() {
+        use crate::counters::Counter;
+        use crate::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
+        let tokens: Vec<u32> = (0..160).collect();
+        let hasher = BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED);
+        let chain: Vec<u64> = hasher
+            .chain(&tokens, 16, &Default::default())
+            .iter()
+            .map(|d| external(d).0)
+            .collect();
+        for (cache, second_hits) in [(crate::hash::cache::DEFAULT_MAX_TOKENS, 10), (0, 0)] {
+            let index = Index::with_digest_cache(cache);
+            index.apply(&store("a", 0, CacheKind::FullAttention, &chain[..6]));
+            let mut q = Query {
+                tokens: tokens.clone(),
+                ..Query::default()
+            };
+            let first = index.predict_hits(&q);
+            assert_eq!(first[0].cached, 96);
+            assert_eq!(index.counters().get(Counter::BlocksHashed), 10);
+            q.tokens.extend(500..532);
+            assert_eq!(index.predict_hits(&q), first);
+            let c = index.counters();
+            assert_eq!(
+                (
+                    c.get(Counter::DigestCacheHits),
+                    c.get(Counter::BlocksHashed)
+                ),
+                (second_hits, 22 - second_hits),
+                "cache of {cache} tokens"
+            );
+        }
+    }
 }
