@@ -24,6 +24,9 @@ use std::collections::HashMap;
 /// 16-token hash blocks (65,536 blocks).
 pub const DEFAULT_MAX_TOKENS: usize = 1 << 20;
 
+/// The largest bound a cache takes (2^31 tokens, 8 GiB of token ids).
+pub const MAX_TOKENS_LIMIT: usize = 1 << 31;
+
 /// A kept block; its tokens are `arena[at..at + len]` (no allocation of its own, so dropping a
 /// generation frees nothing per entry).
 struct Entry {
@@ -79,10 +82,12 @@ impl Default for DigestCache {
 }
 
 impl DigestCache {
+    /// A cache keeping at most `max_tokens` tokens (0: off). Bounds past `MAX_TOKENS_LIMIT`
+    /// are taken as that limit (entries address the token arena with 32-bit offsets).
     pub fn new(max_tokens: usize) -> DigestCache {
         DigestCache {
             inner: RwLock::new(Inner::default()),
-            max_tokens,
+            max_tokens: max_tokens.min(MAX_TOKENS_LIMIT),
         }
     }
 
@@ -178,7 +183,7 @@ impl DigestCache {
                     let blocks = (self.max_tokens / block).min(1 << 17);
                     inner.map.reserve(blocks);
                     inner.entries.reserve(blocks);
-                    inner.arena.reserve(self.max_tokens);
+                    inner.arena.reserve(self.max_tokens.min(DEFAULT_MAX_TOKENS));
                 }
                 let entry = Entry {
                     algo,
@@ -337,6 +342,20 @@ mod tests {
             },
             "all but the salted block"
         );
+    }
+
+    #[test]
+    fn a_huge_bound_is_clamped_and_reserves_only_a_generation_s_start() {
+        let cache = DigestCache::new(usize::MAX);
+        let hasher = BlockHasher::new(HashAlgo::Sha256Cbor, "vllm-none-hash");
+        let tokens: Vec<u32> = (0..64).collect();
+        let (chain, _) = cache.chain(&hasher, &tokens, 16, &BlockExtras::default());
+        assert_eq!(chain, hasher.chain(&tokens, 16, &BlockExtras::default()));
+        assert!(cache.heap_bytes() < 64 << 20, "{}", cache.heap_bytes());
+        // A block longer than the bound is hashed, never kept.
+        let small = DigestCache::new(8);
+        let (chain, used) = small.chain(&hasher, &tokens, 16, &BlockExtras::default());
+        assert_eq!((chain.len(), used.hits, small.tokens()), (4, 0, 0));
     }
 
     #[test]
