@@ -6,7 +6,7 @@
 //! `predict`. `predict` asks kvroute for `cached` and `group_blind` (`Detail::Cached`, what routing
 //! uses; ChainIndex answers one prefix length per worker); `predict-evidence` adds each group's
 //! own length (`explain`); `predict-hashing` is `predict_all_detail` with its SHA-256 of the
-//! request; `predict-miss` (1 group) asks for a request no worker holds, the fixed cost per
+//! request (digest cache off); `predict-miss` (1 group) asks for a request no worker holds, the fixed cost per
 //! (worker, rank). All for context beside `predict`. Per-block figures are derived in docs/benchmarks.md.
 
 mod common;
@@ -150,8 +150,11 @@ fn benches(c: &mut Criterion) {
                     tokens: f.request.clone(),
                     ..Query::default()
                 };
+                // The digest cache off: the same request every iteration would never be hashed.
+                let cold = Index::with_digest_cache(0);
+                cold.apply_all(&f.store_events(layout));
                 c.bench_function(&id("predict-hashing", &f, "kvroute", layout), |b| {
-                    b.iter(|| index.predict_all_detail(black_box(&q), Detail::Cached))
+                    b.iter(|| cold.predict_all_detail(black_box(&q), Detail::Cached))
                 });
             }
         }

@@ -5,7 +5,8 @@
 //! blocks of it (`Runs::walk`), computed once however many ranks read them.
 //! Invariants: a chain covers every full hash block of the request's tokens; a walk's leading
 //! blocks are counted in the stride's blocks, from the request's first.
-//! Must not: lock anything or read rank state (the index passes the store it holds).
+//! Must not: lock anything but the digest cache (a leaf lock), or read rank state (the index
+//! passes the store it holds).
 
 use crate::counters::{Counter, Counters};
 use crate::hash::cache::DigestCache;

@@ -5,10 +5,10 @@
 //! request against every worker, or one worker; with each group's evidence or without).
 //! Invariants: one event is applied holding the shared run store's write lock and its rank's
 //! write lock, so a prediction (holding the store's read lock throughout) never sees half of an
-//! event; lock order is `configs`, `ranks`, `runs`, one rank; the outer map is write-locked only
-//! to add or drop a rank; a request is hashed once per distinct hash setting and walked through
-//! the shared store once per setting and stride; a rank is dropped only after giving its shared
-//! holder ids back.
+//! event; lock order is `configs`, `ranks`, `runs`, one rank, and the digest cache (a leaf:
+//! nothing is locked under it); the outer map is write-locked only to add or drop a rank; a
+//! request is hashed once per distinct hash setting and walked through the shared store once
+//! per setting and stride; a rank is dropped only after giving its shared holder ids back.
 //! Must not: decode wire bytes or talk to sockets.
 
 use crate::chains::Chains;

@@ -400,40 +400,95 @@ mod tests {
         assert_eq!((given[0].cached, given[0].group_blind), (48, 48));
     }
 
-    /// A request repeating a prefix hashes only its new blocks, predicts what hashing all of
-    /// them would, and an index without the cache hashes everything every time.
+    /// A request repeating a prefix hashes only its new blocks and predicts what hashing all
+    /// of them would, for workers of different seeds, with and without a salt; an index without
+    /// the cache hashes everything every time.
     #[test]
     fn a_repeated_prefix_is_hashed_once_and_predicts_the_same() {
         use crate::counters::Counter;
-        use crate::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
-        let tokens: Vec<u32> = (0..160).collect();
-        let hasher = BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED);
-        let chain: Vec<u64> = hasher
-            .chain(&tokens, 16, &Default::default())
-            .iter()
-            .map(|d| external(d).0)
-            .collect();
-        for (cache, second_hits) in [(crate::hash::cache::DEFAULT_MAX_TOKENS, 10), (0, 0)] {
+        use crate::hash::{external, BlockExtras, BlockHasher, HashAlgo, DEFAULT_SEED};
+        use crate::rank::HashMode;
+        use crate::WorkerConfig;
+        let tokens: Vec<u32> = (0..192).collect();
+        let chain = |seed: &str, salt: Option<&str>| -> Vec<u64> {
+            let extras = BlockExtras {
+                cache_salt: salt.map(str::to_string),
+                lora: None,
+            };
+            BlockHasher::new(HashAlgo::Sha256, seed)
+                .chain(&tokens, 16, &extras)
+                .iter()
+                .map(|d| external(d).0)
+                .collect()
+        };
+        for (cache, warm) in [(crate::hash::cache::DEFAULT_MAX_TOKENS, true), (0, false)] {
             let index = Index::with_digest_cache(cache);
-            index.apply(&store("a", 0, CacheKind::FullAttention, &chain[..6]));
-            let mut q = Query {
-                tokens: tokens.clone(),
+            index.configure_worker(
+                &"b".into(),
+                WorkerConfig {
+                    hash: HashMode::Engine {
+                        algo: HashAlgo::Sha256,
+                        seed: "42".into(),
+                    },
+                    ..WorkerConfig::default()
+                },
+            );
+            // Both hold all twelve blocks of the longer request, each under its own seed.
+            index.apply(&store(
+                "a",
+                0,
+                CacheKind::FullAttention,
+                &chain(DEFAULT_SEED, None),
+            ));
+            index.apply(&store("b", 0, CacheKind::FullAttention, &chain("42", None)));
+            index.apply(&store(
+                "c",
+                0,
+                CacheKind::FullAttention,
+                &chain(DEFAULT_SEED, Some("t")),
+            ));
+            let short = |salt: Option<&str>| Query {
+                tokens: tokens[..160].to_vec(),
+                extras: BlockExtras {
+                    cache_salt: salt.map(str::to_string),
+                    lora: None,
+                },
                 ..Query::default()
             };
-            let first = index.predict_hits(&q);
-            assert_eq!(first[0].cached, 96);
-            assert_eq!(index.counters().get(Counter::BlocksHashed), 10);
-            q.tokens.extend(500..532);
-            assert_eq!(index.predict_hits(&q), first);
-            let c = index.counters();
+            let cached = |q: &Query| -> Vec<(String, u64)> {
+                index
+                    .predict_hits(q)
+                    .iter()
+                    .map(|p| (p.worker.to_string(), p.cached))
+                    .collect()
+            };
+            let (a, b) = ("a".to_string(), "b".to_string());
+            // At most n − 1 = 159 tokens: nine blocks; then eleven of the 192-token request.
             assert_eq!(
-                (
-                    c.get(Counter::DigestCacheHits),
-                    c.get(Counter::BlocksHashed)
-                ),
-                (second_hits, 22 - second_hits),
-                "cache of {cache} tokens"
+                cached(&short(None)),
+                vec![(a.clone(), 144), (b.clone(), 144)]
             );
+            let mut long = short(None);
+            long.tokens = tokens.clone();
+            assert_eq!(cached(&long), vec![(a, 176), (b, 176)]);
+            assert_eq!(cached(&short(Some("t"))), vec![("c".to_string(), 144)]);
+            let mut salted = short(Some("t"));
+            salted.tokens = tokens.clone();
+            assert_eq!(cached(&salted), vec![("c".to_string(), 176)]);
+            // Each request is hashed under both seeds: 10 + 12 blocks unsalted, 10 + 12 salted.
+            let c = index.counters();
+            let (hits, hashed) = (
+                c.get(Counter::DigestCacheHits),
+                c.get(Counter::BlocksHashed),
+            );
+            assert_eq!(hits + hashed, 2 * 44, "cache of {cache} tokens");
+            if warm {
+                // The longer requests found their first ten blocks (salted: all but the first,
+                // which carries the salt).
+                assert_eq!((hits, hashed), (2 * 10 + 2 * 9, 88 - 38));
+            } else {
+                assert_eq!(hits, 0);
+            }
         }
     }
 }

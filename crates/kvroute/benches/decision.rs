@@ -1,5 +1,6 @@
 //! Routing decision time: p50/p99 per decision (request hashing included) for 64 workers and
-//! 8k-token prompts, under each cache policy, with the index's digest cache off and on. Not a pass/fail test; figures go to
+//! 8k-token prompts, under each cache policy, with the index's digest cache off and on (a
+//! fresh fleet per policy). Not a pass/fail test; figures go to
 //! docs/benchmarks.md with this command:
 //!
 //! ```sh
@@ -60,14 +61,15 @@ fn main() {
         ("digest cache on (default)", DEFAULT_MAX_TOKENS),
     ] {
         println!(" {label}:");
-        let (registry, prompts) = fleet(&hasher, cache_tokens);
-        let workers = registry.all();
         let weights = PolicyWeights::default();
         for policy in [
             PolicyKind::HybridAware,
             PolicyKind::GroupBlind,
             PolicyKind::LeastLoad,
         ] {
+            // A fresh fleet and index per policy: each starts from a cold cache.
+            let (registry, prompts) = fleet(&hasher, cache_tokens);
+            let workers = registry.all();
             let mut times = Vec::new();
             for i in 0..400 {
                 let mut req = prompts[i % WORKERS].clone();
@@ -89,7 +91,10 @@ fn main() {
                 p(1.0)
             );
         }
-        // Prompts never seen (no reuse at all): what keeping their blocks costs.
+        // Prompts never seen (no reuse at all): what keeping their blocks costs (the cache
+        // starts a new generation about every 127 of them).
+        let (registry, _) = fleet(&hasher, cache_tokens);
+        let workers = registry.all();
         let mut times = Vec::new();
         for i in 0..200 {
             let req = tokens(1_000_000 + i as u64, TOKENS + 64);

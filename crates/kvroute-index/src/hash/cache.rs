@@ -6,18 +6,22 @@
 //!
 //! Owns: (algorithm, parent digest, tokens) → digest for blocks without extra keys, each in a
 //! slot keyed by a fast hash of its whole prefix, under one lock; the count of tokens kept.
-//! When an insert would pass the bound, everything is dropped and filling starts over (a new
-//! generation: simple, and the hot prefixes come back at once).
+//! When a request's new blocks would pass the bound, everything is dropped and filling starts
+//! over with that request's blocks (a new generation: simple, and hot prefixes come back with
+//! the next request that uses them). The lock is a leaf: taken under the index's locks,
+//! nothing taken under it; a request keeps its blocks only if it gets the write lock at once.
 //! Invariants: an entry's digest is exactly what `BlockHasher` computes for its algorithm,
 //! parent and tokens with no extra keys (entries are only made from that); a lookup answers
 //! only on equal algorithm, parent and tokens (the 64-bit slot key picks the slot, never the
-//! answer); the tokens kept never pass the bound; `chain` returns exactly `BlockHasher::chain`.
+//! answer); the tokens kept never pass the bound, itself at most `MAX_TOKENS_LIMIT` (arena
+//! offsets are 32-bit); `chain` returns exactly `BlockHasher::chain`.
 //! Must not: keep a block with extra keys (a salted request's first block, any LoRA block),
 //! answer from a slot key alone, or hold its lock while hashing a block it will keep.
 
 use super::{BlockExtras, BlockHasher, Digest, HashAlgo};
 use crate::holder::MixBuild;
 use parking_lot::RwLock;
+use std::collections::hash_map::Entry::{Occupied, Vacant};
 use std::collections::HashMap;
 
 /// Tokens the index's cache keeps by default: 4 MiB of token ids, about 11 MB in all at
@@ -73,6 +77,8 @@ pub struct CacheUse {
 pub struct DigestCache {
     inner: RwLock<Inner>,
     max_tokens: usize,
+    /// Bits of a slot key kept: all but in tests, which narrow it to force slot collisions.
+    key_mask: u64,
 }
 
 impl Default for DigestCache {
@@ -88,6 +94,16 @@ impl DigestCache {
         DigestCache {
             inner: RwLock::new(Inner::default()),
             max_tokens: max_tokens.min(MAX_TOKENS_LIMIT),
+            key_mask: u64::MAX,
+        }
+    }
+
+    /// A cache whose slot keys keep only `mask`'s bits, so unrelated blocks share slots.
+    #[cfg(test)]
+    fn colliding(max_tokens: usize, mask: u64) -> DigestCache {
+        DigestCache {
+            key_mask: mask,
+            ..DigestCache::new(max_tokens)
         }
     }
 
@@ -127,11 +143,15 @@ impl DigestCache {
         }
         let anchor = *out.last().unwrap_or(hasher.none_hash());
         let mut keys: Vec<u64> = Vec::with_capacity(blocks.len());
+        let mut full: Vec<u64> = Vec::with_capacity(blocks.len());
         for chunk in blocks.iter().skip(first) {
-            keys.push(match keys.last() {
+            // Each key chains on the full key before it; the mask applies to the slot only.
+            let key = match full.last() {
                 None => slot_key(algo as u64, Some(&anchor), chunk),
                 Some(k) => slot_key(*k, None, chunk),
-            });
+            };
+            full.push(key);
+            keys.push(key & self.key_mask);
         }
         {
             let inner = self.inner.read();
@@ -168,38 +188,89 @@ impl DigestCache {
             used.hashed += 1;
         }
         if first_new < blocks.len() {
-            let mut inner = self.inner.write();
-            for (i, chunk) in blocks.iter().enumerate().skip(first_new) {
-                let parent = if i == 0 { anchor } else { out[i - 1] };
-                if inner.arena.len() + chunk.len() > self.max_tokens {
-                    // A new generation; the tables keep their room.
-                    inner.map.clear();
-                    inner.entries.clear();
-                    inner.arena.clear();
-                }
-                if inner.map.capacity() == 0 {
-                    // Room for a whole generation at once (up to 131,072 blocks): no growth and
-                    // no rehash on the way, whose pause would land on one unlucky request.
-                    let blocks = (self.max_tokens / block).min(1 << 17);
-                    inner.map.reserve(blocks);
-                    inner.entries.reserve(blocks);
-                    inner.arena.reserve(self.max_tokens.min(DEFAULT_MAX_TOKENS));
-                }
-                let entry = Entry {
-                    algo,
-                    parent,
-                    digest: out[i],
-                    at: inner.arena.len() as u32,
-                    len: chunk.len() as u32,
-                };
-                inner.arena.extend_from_slice(chunk);
-                // A key shared by another prefix: the newer block takes the slot.
-                let at = inner.entries.len() as u32;
-                inner.entries.push(entry);
-                inner.map.insert(keys[i - first], at);
-            }
+            self.keep(&blocks, &out, &keys, first, first_new, anchor, algo);
         }
         (out, used)
+    }
+
+    /// Keeps the blocks of a request from `first_new` on (its first kept block is `first`).
+    /// Skipped when another request is keeping its own (the cache only saves work; a request
+    /// must not queue for it). When the new blocks do not fit, a new generation starts and the
+    /// request's leading blocks are kept again from `first`, as many as fit, so its kept
+    /// prefix stays reachable from its first block.
+    #[allow(clippy::too_many_arguments)]
+    fn keep(
+        &self,
+        blocks: &[&[u32]],
+        out: &[Digest],
+        keys: &[u64],
+        first: usize,
+        first_new: usize,
+        anchor: Digest,
+        algo: HashAlgo,
+    ) {
+        let Some(mut inner) = self.inner.try_write() else {
+            return;
+        };
+        let new: usize = blocks[first_new..].iter().map(|c| c.len()).sum();
+        let from = if inner.arena.len() + new > self.max_tokens {
+            // A new generation; the tables keep their room.
+            inner.map.clear();
+            inner.entries.clear();
+            inner.arena.clear();
+            first
+        } else {
+            first_new
+        };
+        if inner.map.capacity() == 0 {
+            // Room for a whole generation at once (up to 131,072 blocks): no growth and no
+            // rehash on the way, whose pause would land on one unlucky request.
+            let room = (self.max_tokens / blocks[0].len().max(1)).min(1 << 17);
+            inner.map.reserve(room);
+            inner.entries.reserve(room);
+            inner.arena.reserve(self.max_tokens.min(DEFAULT_MAX_TOKENS));
+        }
+        let Inner {
+            map,
+            entries,
+            arena,
+        } = &mut *inner;
+        for (i, chunk) in blocks.iter().enumerate().skip(from) {
+            if arena.len() + chunk.len() > self.max_tokens {
+                // Only a leading part of this request fits in one generation.
+                break;
+            }
+            let parent = if i == 0 { anchor } else { out[i - 1] };
+            let entry = Entry {
+                algo,
+                parent,
+                digest: out[i],
+                at: arena.len() as u32,
+                len: chunk.len() as u32,
+            };
+            let at = entries.len() as u32;
+            match map.entry(keys[i - first]) {
+                Occupied(mut slot) => {
+                    let kept = entries.get(*slot.get() as usize).is_some_and(|e| {
+                        e.algo == algo
+                            && e.parent == parent
+                            && arena.get(e.at as usize..e.at as usize + e.len as usize)
+                                == Some(*chunk)
+                    });
+                    if kept {
+                        // Kept already (another request with this prefix got here first).
+                        continue;
+                    }
+                    // A key shared by another prefix: the newer block takes the slot.
+                    slot.insert(at);
+                }
+                Vacant(slot) => {
+                    slot.insert(at);
+                }
+            }
+            arena.extend_from_slice(chunk);
+            entries.push(entry);
+        }
     }
 
     /// Tokens kept now.
@@ -207,17 +278,26 @@ impl DigestCache {
         self.inner.read().arena.len()
     }
 
-    /// Approximate heap bytes: the slots and the token arena, as reserved.
+    /// Approximate heap bytes, as reserved: the slot table (16-byte buckets and a control byte
+    /// each, about 8/7 of its capacity rounded up to a power of two), the entries and the token
+    /// arena.
     pub fn heap_bytes(&self) -> usize {
         let inner = self.inner.read();
-        inner.map.capacity() * (8 + 4 + 1)
+        let cap = inner.map.capacity();
+        let buckets = if cap == 0 {
+            0
+        } else {
+            (cap * 8 / 7).next_power_of_two()
+        };
+        buckets * (16 + 1)
             + inner.entries.capacity() * std::mem::size_of::<Entry>()
             + inner.arena.capacity() * 4
     }
 }
 
 /// The slot key of a block: xxh3-64 over the key before it (or, for the first block kept, the
-/// algorithm and the digest it chains on) and its tokens, in one pass over a stack buffer.
+/// algorithm and the digest it chains on) and its tokens, in one pass over a buffer (on the
+/// stack for blocks of up to 64 tokens).
 /// Only picks the slot: an entry is always checked against the digests before it is used.
 fn slot_key(before: u64, anchor: Option<&Digest>, tokens: &[u32]) -> u64 {
     const ROOM: usize = 64;
@@ -253,7 +333,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
         /// Requests that share prefixes (each continues an earlier one, or not), with and
         /// without salts and LoRA, under both algorithms, two seeds and a bound small enough to
@@ -261,23 +341,30 @@ mod tests {
         #[test]
         fn cached_chains_equal_plain_chains(
             requests in prop::collection::vec(
-                (0usize..4, 0usize..24, any::<bool>(), 0u8..4, any::<u8>()),
+                (0usize..4, 0usize..24, any::<bool>(), 0u8..4, any::<u8>(), 0usize..6),
                 1..20,
             ),
-            block in 1usize..6,
+            blocks in prop::sample::select(vec![
+                vec![1usize], vec![3], vec![5], vec![2, 4], vec![1, 3, 5], vec![65], vec![4, 64],
+            ]),
             max_tokens in prop::sample::select(vec![0usize, 7, 40, 200, 100_000]),
+            // All bits, or three: unrelated blocks then share slots all the time.
+            mask in prop::sample::select(vec![u64::MAX, 0b111]),
         ) {
-            let cache = DigestCache::new(max_tokens);
+            let cache = DigestCache::colliding(max_tokens, mask);
             let hashers = [
                 BlockHasher::new(HashAlgo::Sha256, "vllm-none-hash"),
                 BlockHasher::new(HashAlgo::Sha256Cbor, "vllm-none-hash"),
                 BlockHasher::new(HashAlgo::Sha256, "42"),
             ];
             let mut earlier: Vec<Vec<u32>> = vec![Vec::new()];
-            for (base, extra, big, mode, seed) in requests {
-                // Continue an earlier request, with tokens of every pickle width now and then.
+            for (base, extra, big, mode, seed, pick) in requests {
+                // Continue an earlier request, with tokens of every pickle width now and then;
+                // blocks of 64 tokens or more need long requests to have any.
+                let block = blocks[pick % blocks.len()];
                 let mut tokens = earlier[base % earlier.len()].clone();
-                tokens.extend((0..extra).map(|j| {
+                let n = if block >= 64 { extra * 8 } else { extra };
+                tokens.extend((0..n).map(|j| {
                     let t = (seed as u32).wrapping_mul(31).wrapping_add(j as u32) % 7;
                     if big { t.wrapping_mul(0x0101_0101) } else { t }
                 }));
@@ -359,16 +446,29 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_drops_everything_and_starts_over() {
-        let cache = DigestCache::new(8);
+    fn the_bound_drops_everything_and_keeps_the_request_that_crossed_it() {
+        let cache = DigestCache::new(12);
         let hasher = BlockHasher::new(HashAlgo::Sha256, "vllm-none-hash");
-        let tokens: Vec<u32> = (0..12).collect();
-        let (_, used) = cache.chain(&hasher, &tokens, 4, &BlockExtras::default());
-        assert_eq!(used.hashed, 3);
-        // Two blocks fitted; the third dropped them and stayed alone.
+        let plain = BlockExtras::default();
+        let x: Vec<u32> = (0..12).collect();
+        let y: Vec<u32> = (100..104).collect();
+        assert_eq!(cache.chain(&hasher, &x, 4, &plain).1.hashed, 3);
+        assert_eq!(cache.tokens(), 12);
+        // Y does not fit beside X: a new generation holding Y alone.
+        cache.chain(&hasher, &y, 4, &plain);
         assert_eq!(cache.tokens(), 4);
-        let (chain, used) = cache.chain(&hasher, &tokens, 4, &BlockExtras::default());
-        assert_eq!(used.hits, 0, "the first block was dropped");
-        assert_eq!(chain, hasher.chain(&tokens, 4, &BlockExtras::default()));
+        // X crosses the bound again and is kept whole, so its next turn hits.
+        let (_, used) = cache.chain(&hasher, &x, 4, &plain);
+        assert_eq!((used.hits, cache.tokens()), (0, 12));
+        let (chain, used) = cache.chain(&hasher, &x, 4, &plain);
+        assert_eq!(used, CacheUse { hits: 3, hashed: 0 });
+        assert_eq!(chain, hasher.chain(&x, 4, &plain));
+        // A request longer than the bound keeps its leading blocks, which its repeat reaches.
+        let long: Vec<u32> = (200..220).collect();
+        cache.chain(&hasher, &long, 4, &plain);
+        assert_eq!(cache.tokens(), 12);
+        let (chain, used) = cache.chain(&hasher, &long, 4, &plain);
+        assert_eq!(used, CacheUse { hits: 3, hashed: 2 });
+        assert_eq!(chain, hasher.chain(&long, 4, &plain));
     }
 }

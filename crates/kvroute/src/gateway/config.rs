@@ -248,8 +248,8 @@ pub struct GatewayConfig {
     #[serde(default = "default_timeout")]
     pub request_timeout_secs: f64,
     /// Tokens of request blocks whose digests the index remembers, so a prefix seen before is
-    /// not hashed again (0 turns it off; memory ≈ 4 bytes per token plus ≈ 100 bytes per hash
-    /// block).
+    /// not hashed again (0, or less than one hash block, turns it off; at most 2^31). Memory:
+    /// ≈ 4 bytes per token plus ≈ 110 bytes per hash block, reserved on first use.
     #[serde(default = "default_digest_cache")]
     pub digest_cache_tokens: usize,
     #[serde(default)]
