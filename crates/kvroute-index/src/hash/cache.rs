@@ -384,6 +384,31 @@ mod tests {
         }
     }
 
+    /// Threads hashing overlapping prefixes against a bound small enough to start new
+    /// generations all the time, some skipping their keeping (the lock busy): every chain is
+    /// the plain chain.
+    #[test]
+    fn concurrent_chains_equal_plain_chains() {
+        let cache = DigestCache::colliding(300, 0xff);
+        let hasher = BlockHasher::new(HashAlgo::Sha256, "vllm-none-hash");
+        let plain = BlockExtras::default();
+        std::thread::scope(|scope| {
+            for t in 0..4u32 {
+                let (cache, hasher, plain) = (&cache, &hasher, &plain);
+                scope.spawn(move || {
+                    for i in 0..60u32 {
+                        let shared: Vec<u32> = (0..64).collect();
+                        let mut tokens = shared;
+                        tokens.extend((0..(i % 9) * 8).map(|j| j + 1000 * ((i + t) % 5)));
+                        let (got, _) = cache.chain(hasher, &tokens, 8, plain);
+                        assert_eq!(got, hasher.chain(&tokens, 8, plain));
+                        assert!(cache.tokens() <= 300);
+                    }
+                });
+            }
+        });
+    }
+
     #[test]
     fn a_repeated_prefix_is_looked_up_not_hashed() {
         let cache = DigestCache::default();
