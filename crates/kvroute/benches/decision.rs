@@ -61,7 +61,6 @@ fn main() {
         ("digest cache on (default)", DEFAULT_MAX_TOKENS),
     ] {
         println!(" {label}:");
-        let weights = PolicyWeights::default();
         for policy in [
             PolicyKind::HybridAware,
             PolicyKind::GroupBlind,
@@ -69,59 +68,18 @@ fn main() {
         ] {
             // A fresh fleet and index per policy: each starts from a cold cache.
             let (registry, prompts) = fleet(&hasher, cache_tokens);
-            let workers = registry.all();
-            let mut times = Vec::new();
-            for i in 0..400 {
+            let requests = (0..400).map(|i| {
                 let mut req = prompts[i % WORKERS].clone();
                 req.extend(tokens(i as u64 + 77, 64));
-                let t = Instant::now();
-                let r = decide(
-                    &registry, &workers, &req, None, false, policy, &weights, i as u64, false,
-                );
-                times.push(t.elapsed().as_secs_f64() * 1e6);
-                assert!(!r.order.is_empty());
-            }
-            times.sort_by(f64::total_cmp);
-            let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
-            println!(
-                "  {:<13} p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs",
-                policy.name(),
-                p(0.5),
-                p(0.99),
-                p(1.0)
-            );
+                req
+            });
+            time_decisions(&registry, policy, policy.name(), requests);
         }
-        // Prompts never seen (no reuse at all): what keeping their blocks costs (the cache
-        // starts a new generation about every 127 of them).
+        // Prompts never seen (no reuse at all; hybrid-aware): what keeping their blocks costs
+        // (the cache starts a new generation about every 127 of them).
         let (registry, _) = fleet(&hasher, cache_tokens);
-        let workers = registry.all();
-        let mut times = Vec::new();
-        for i in 0..200 {
-            let req = tokens(1_000_000 + i as u64, TOKENS + 64);
-            let t = Instant::now();
-            let r = decide(
-                &registry,
-                &workers,
-                &req,
-                None,
-                false,
-                PolicyKind::HybridAware,
-                &weights,
-                i as u64,
-                false,
-            );
-            times.push(t.elapsed().as_secs_f64() * 1e6);
-            assert!(!r.order.is_empty());
-        }
-        times.sort_by(f64::total_cmp);
-        let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
-        println!(
-            "  {:<13} p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs   (hybrid-aware, prompts never seen)",
-            "unseen",
-            p(0.5),
-            p(0.99),
-            p(1.0)
-        );
+        let requests = (0..200).map(|i| tokens(1_000_000 + i as u64, TOKENS + 64));
+        time_decisions(&registry, PolicyKind::HybridAware, "unseen", requests);
     }
     // Hashing alone, for context.
     let prompts: Vec<Vec<u32>> = (0..WORKERS).map(prompt).collect();
@@ -136,6 +94,34 @@ fn main() {
     println!(
         "  sha256 chain of one 8k prompt alone: p50 {:.1} µs",
         times[times.len() / 2]
+    );
+}
+
+/// Times one decision per request and prints p50, p99 and max.
+fn time_decisions(
+    registry: &Registry,
+    policy: PolicyKind,
+    label: &str,
+    requests: impl Iterator<Item = Vec<u32>>,
+) {
+    let workers = registry.all();
+    let weights = PolicyWeights::default();
+    let mut times = Vec::new();
+    for (i, req) in requests.enumerate() {
+        let t = Instant::now();
+        let r = decide(
+            registry, &workers, &req, None, false, policy, &weights, i as u64, false,
+        );
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+        assert!(!r.order.is_empty());
+    }
+    times.sort_by(f64::total_cmp);
+    let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+    println!(
+        "  {label:<13} p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs",
+        p(0.5),
+        p(0.99),
+        p(1.0)
     );
 }
 
