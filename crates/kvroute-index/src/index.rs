@@ -422,6 +422,7 @@ impl Index {
     }
 
     fn predict_each(&self, chains: &mut Chains<'_>, detail: Detail) -> Vec<Prediction> {
+        self.prehash(chains);
         let ranks = self.ranks.read();
         let runs = self.runs.read();
         let mut out = Vec::with_capacity(ranks.sorted.len());

@@ -163,7 +163,19 @@ impl Index {
         }
     }
 
+    /// Hashes the request for the settings the last roster walked, before any index lock is
+    /// taken: a request's hashing (tens of µs when its blocks are new) then never holds up
+    /// events waiting for the store's write lock. A setting the current roster adds later is
+    /// hashed under the locks as before.
+    pub(crate) fn prehash(&self, chains: &mut Chains<'_>) {
+        let last = self.roster.lock().clone();
+        for (mode, h, _) in last.iter().flat_map(|r| r.walks.iter()) {
+            chains.slot(mode, *h);
+        }
+    }
+
     fn hits_in(&self, chains: &mut Chains<'_>) -> Vec<Hit> {
+        self.prehash(chains);
         let ranks = self.ranks.read();
         let runs = self.runs.read();
         let roster = self.current_roster(&ranks, &runs);
