@@ -450,10 +450,11 @@ impl Index {
         detail: Detail,
     ) -> Prediction {
         self.counters.add(Counter::Predictions, 1);
+        let mut chains = Chains::new(q, &self.digests, &self.counters);
+        self.prehash(&mut chains);
         let ranks = self.ranks.read();
         let rank = ranks.by_key.get(&(worker.clone(), dp_rank));
         let runs = self.runs.read();
-        let mut chains = Chains::new(q, &self.digests, &self.counters);
         match rank {
             Some(r) => predict_rank(worker, dp_rank, &r.read(), &runs, &mut chains, detail),
             None => Prediction {

@@ -53,14 +53,19 @@ struct Inner {
     arena: Vec<u32>,
 }
 
+impl Entry {
+    /// Whether this is the block (algorithm, parent, tokens): the only test an answer passes.
+    fn is(&self, arena: &[u32], algo: HashAlgo, parent: &Digest, tokens: &[u32]) -> bool {
+        let at = self.at as usize;
+        self.algo == algo
+            && self.parent == *parent
+            && arena.get(at..at + self.len as usize) == Some(tokens)
+    }
+}
+
 impl Inner {
     fn entry(&self, key: u64) -> Option<&Entry> {
         self.entries.get(*self.map.get(&key)? as usize)
-    }
-
-    fn tokens_of(&self, e: &Entry) -> &[u32] {
-        let at = e.at as usize;
-        self.arena.get(at..at + e.len as usize).unwrap_or_default()
     }
 }
 
@@ -115,7 +120,7 @@ impl DigestCache {
     /// prefix up to it (computed without the digests), every slot is fetched independently,
     /// and the entries found are then checked in order against the digests (the parent, the
     /// tokens, the algorithm: exact, whatever the slot key). From the first miss on, blocks
-    /// are hashed without a lock and kept under one write lock at the end.
+    /// are hashed without a lock, then kept (`keep`).
     pub fn chain(
         &self,
         hasher: &BlockHasher,
@@ -142,16 +147,13 @@ impl DigestCache {
             }
         }
         let anchor = *out.last().unwrap_or(hasher.none_hash());
+        // Each key chains on the whole key before it; the mask narrows only the slot.
         let mut keys: Vec<u64> = Vec::with_capacity(blocks.len());
-        let mut full: Vec<u64> = Vec::with_capacity(blocks.len());
         for chunk in blocks.iter().skip(first) {
-            // Each key chains on the full key before it; the mask applies to the slot only.
-            let key = match full.last() {
+            keys.push(match keys.last() {
                 None => slot_key(algo as u64, Some(&anchor), chunk),
                 Some(k) => slot_key(*k, None, chunk),
-            };
-            full.push(key);
-            keys.push(key & self.key_mask);
+            });
         }
         {
             let inner = self.inner.read();
@@ -163,16 +165,12 @@ impl DigestCache {
                 let batch: Vec<(&&[u32], Option<&Entry>)> = todo
                     .by_ref()
                     .take(BATCH)
-                    .map(|(chunk, k)| (chunk, inner.entry(*k)))
+                    .map(|(chunk, k)| (chunk, inner.entry(k & self.key_mask)))
                     .collect();
                 for (chunk, e) in batch {
                     let parent = out.last().unwrap_or(hasher.none_hash());
                     match e {
-                        Some(e)
-                            if e.algo == algo
-                                && e.parent == *parent
-                                && inner.tokens_of(e) == *chunk =>
-                        {
+                        Some(e) if e.is(&inner.arena, algo, parent, chunk) => {
                             out.push(e.digest);
                             used.hits += 1;
                         }
@@ -249,14 +247,11 @@ impl DigestCache {
                 len: chunk.len() as u32,
             };
             let at = entries.len() as u32;
-            match map.entry(keys[i - first]) {
+            match map.entry(keys[i - first] & self.key_mask) {
                 Occupied(mut slot) => {
-                    let kept = entries.get(*slot.get() as usize).is_some_and(|e| {
-                        e.algo == algo
-                            && e.parent == parent
-                            && arena.get(e.at as usize..e.at as usize + e.len as usize)
-                                == Some(*chunk)
-                    });
+                    let kept = entries
+                        .get(*slot.get() as usize)
+                        .is_some_and(|e| e.is(arena, algo, &parent, chunk));
                     if kept {
                         // Kept already (another request with this prefix got here first).
                         continue;
