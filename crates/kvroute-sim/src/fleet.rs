@@ -130,6 +130,7 @@ impl Fleet {
                 format: opts.format,
                 replay_layout: opts.replay_layout,
                 dp_rank: 0,
+                hwm: crate::publisher::DEFAULT_HWM,
             });
             let name = format!("{}{i}", opts.name_prefix);
             let addr: SocketAddr = ([127, 0, 0, 1], 0).into();

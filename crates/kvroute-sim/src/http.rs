@@ -3,17 +3,21 @@
 //!
 //! Owns: `/v1/completions` (token-id and text prompts, `cache_salt`,
 //! `forced_output_token_ids`, `return_token_ids`, SSE streaming), `/v1/chat/completions`
-//! (streaming and not), `/v1/models`, `/health`, `/tokenize`, `/detokenize`, `/metrics`,
+//! (streaming and not), `/v1/models`, `/health`, `/version`, `/tokenize`, `/detokenize`, `/metrics`,
+//! `/v1/completions/render` and `/v1/chat/completions/render`, `/kv_event_sources`,
 //! `/reset_prefix_cache`, and `/admin/{cache,faults,restart,pause,resume}`.
 //! Invariants: every response carries `usage.prompt_tokens_details.cached_tokens` (the
-//! request's `num_cached_tokens`; in streams, on the final chunk); malformed bodies get a 400
-//! in vLLM's error shape and never panic; a client that goes away aborts its request.
+//! request's `num_cached_tokens`; in streams, on the final chunk); every error — malformed
+//! bodies, unknown routes, bodies over the worker's bound — is answered in vLLM's error shape,
+//! and nothing a client sends panics; a client that goes away aborts its request.
 //! Must not: hold engine locks across awaits (it only submits and reads channels).
 
 use crate::engine::{NewRequest, TokenOut};
 use crate::tokens::{self, Message};
 use crate::worker::{Submission, Worker};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -28,18 +32,33 @@ use std::sync::Arc;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// An error reply in vLLM's shape.
+/// An error reply in vLLM's shape: `{"error": {"message", "type", "param", "code"}}`, with
+/// the HTTP status equal to `code` (vLLM's `ErrorResponse`, 0.32 and 0.33 alike).
 struct ApiError(StatusCode, String);
+
+/// vLLM's error `type` for a status.
+fn error_type(code: StatusCode) -> &'static str {
+    match code.as_u16() {
+        400 => "BadRequestError",
+        404 => "NotFoundError",
+        413 => "PayloadTooLargeError",
+        500 => "InternalServerError",
+        503 => "ServiceUnavailableError",
+        _ if code.is_client_error() => "BadRequestError",
+        _ => "InternalServerError",
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let ApiError(code, message) = self;
         let body = json!({
-            "object": "error",
-            "message": message,
-            "type": if code == StatusCode::NOT_FOUND { "NotFoundError" } else { "BadRequestError" },
-            "param": Value::Null,
-            "code": code.as_u16(),
+            "error": {
+                "message": message,
+                "type": error_type(code),
+                "param": Value::Null,
+                "code": code.as_u16(),
+            }
         });
         (code, Json(body)).into_response()
     }
@@ -53,7 +72,23 @@ fn bad(message: impl Into<String>) -> ApiError {
     error(StatusCode::BAD_REQUEST, message)
 }
 
-fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+/// A request body as axum hands it over: over the worker's `max_body_bytes` it is a rejection, which
+/// becomes a 413 in vLLM's error shape instead of axum's plain-text one.
+type Body = Result<Bytes, BytesRejection>;
+
+/// The default largest request body (`WorkerConfig::max_body_bytes`). vLLM's Python server
+/// sets no limit of its own; this bound only
+/// keeps one client from exhausting the simulator's memory (a 1M-token prompt sent as token
+/// ids is about 8 MB of JSON).
+pub const MAX_BODY_BYTES: usize = 256 << 20;
+
+fn parse_body(body: &Body) -> Result<Value, ApiError> {
+    let body = body.as_ref().map_err(|r| {
+        error(
+            r.status(),
+            format!("the request body cannot be read: {}", r.body_text()),
+        )
+    })?;
     let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     if v.is_object() {
         Ok(v)
@@ -64,13 +99,18 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
 
 /// The router for one worker.
 pub fn router(worker: Arc<Worker>) -> Router {
+    let max_body = worker.config().max_body_bytes;
     Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
+        .route("/version", get(version))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions/render", post(render_completion))
+        .route("/v1/chat/completions/render", post(render_chat))
+        .route("/kv_event_sources", get(kv_event_sources))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/admin/cache", get(admin_cache))
@@ -78,6 +118,8 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/admin/restart", post(admin_restart))
         .route("/admin/pause", post(admin_pause))
         .route("/admin/resume", post(admin_resume))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "Not Found") })
+        .layer(DefaultBodyLimit::max(max_body))
         .with_state(worker)
 }
 
@@ -85,6 +127,14 @@ type W = State<Arc<Worker>>;
 
 fn vocab(w: &Worker) -> u32 {
     w.config().engine.spec.vocab_size
+}
+
+/// The vLLM release the simulated engine behaves as (what `GET /version` reports; gateways
+/// read it to recognise a vLLM backend and its hashing rules).
+pub const ENGINE_VERSION: &str = "0.32.0";
+
+async fn version() -> Response {
+    Json(json!({ "version": ENGINE_VERSION })).into_response()
 }
 
 async fn models(State(w): W) -> Response {
@@ -95,8 +145,9 @@ async fn models(State(w): W) -> Response {
             "id": cfg.model,
             "object": "model",
             "created": crate::worker::unix_now() as u64,
-            "owned_by": "kvroute-sim",
+            "owned_by": "vllm",
             "root": cfg.model,
+            "parent": Value::Null,
             "max_model_len": cfg.engine.max_model_len,
         }]
     }))
@@ -183,7 +234,7 @@ fn completion_prompt(body: &Value, vocab: u32) -> Result<Vec<u32>, ApiError> {
     Ok(ids)
 }
 
-async fn tokenize(State(w): W, body: Bytes) -> Response {
+async fn tokenize(State(w): W, body: Body) -> Response {
     let body = match parse_body(&body) {
         Ok(b) => b,
         Err(r) => return r.into_response(),
@@ -213,7 +264,70 @@ async fn tokenize(State(w): W, body: Bytes) -> Response {
     .into_response()
 }
 
-async fn detokenize(State(w): W, body: Bytes) -> Response {
+/// vLLM's `GenerateRequest`: what a render endpoint returns for one prompt.
+fn generate_request(body: &Value, ids: Vec<u32>, w: &Worker) -> Value {
+    json!({
+        "token_ids": ids,
+        "model": model_name(body, w),
+        "stream": body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        "sampling_params": { "max_tokens": body.get("max_tokens").cloned().unwrap_or(Value::Null) },
+    })
+}
+
+/// `POST /v1/completions/render`: the prompt's token ids, as a list of one `GenerateRequest`
+/// (gateways such as vllm-router tokenize through it).
+async fn render_completion(State(w): W, body: Body) -> Response {
+    let body = match parse_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    match completion_prompt(&body, vocab(&w)) {
+        Ok(ids) => Json(json!([generate_request(&body, ids, &w)])).into_response(),
+        Err(r) => r.into_response(),
+    }
+}
+
+/// `POST /v1/chat/completions/render`: the rendered conversation's token ids.
+async fn render_chat(State(w): W, body: Body) -> Response {
+    let body = match parse_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    match body.get("messages").map(messages) {
+        Some(Ok(m)) => {
+            let ids = tokens::render_chat(&m, true, vocab(&w));
+            Json(generate_request(&body, ids, &w)).into_response()
+        }
+        Some(Err(r)) => r.into_response(),
+        None => bad("`messages` is required").into_response(),
+    }
+}
+
+/// `GET /kv_event_sources`: each DP rank's `KVEventsConfig` (empty without a publisher).
+async fn kv_event_sources(State(w): W) -> Response {
+    let cfg = w.config();
+    let mut out = serde_json::Map::new();
+    if let Some(p) = &cfg.zmq {
+        for r in 0..cfg.data_parallel_size.max(1) {
+            out.insert(
+                r.to_string(),
+                json!({
+                    "enable_kv_cache_events": true,
+                    "publisher": "zmq",
+                    "endpoint": crate::publisher::offset_endpoint(&p.endpoint, r),
+                    "replay_endpoint": p.replay_endpoint.as_deref().map(|e| crate::publisher::offset_endpoint(e, r)),
+                    "buffer_steps": p.buffer_steps,
+                    "hwm": p.hwm,
+                    "max_queue_size": 100_000,
+                    "topic": p.topic,
+                }),
+            );
+        }
+    }
+    Json(Value::Object(out)).into_response()
+}
+
+async fn detokenize(State(w): W, body: Body) -> Response {
     let body = match parse_body(&body) {
         Ok(b) => b,
         Err(r) => return r.into_response(),
@@ -314,15 +428,15 @@ fn model_name(body: &Value, w: &Worker) -> String {
         .map_or_else(|| w.config().model.clone(), str::to_string)
 }
 
-async fn completions(State(w): W, body: Bytes) -> Response {
+async fn completions(State(w): W, body: Body) -> Response {
     serve(w, body, false).await
 }
 
-async fn chat(State(w): W, body: Bytes) -> Response {
+async fn chat(State(w): W, body: Body) -> Response {
     serve(w, body, true).await
 }
 
-async fn serve(w: Arc<Worker>, body: Bytes, chat: bool) -> Response {
+async fn serve(w: Arc<Worker>, body: Body, chat: bool) -> Response {
     let body = match parse_body(&body) {
         Ok(b) => b,
         Err(r) => return r.into_response(),
@@ -534,15 +648,15 @@ async fn admin_cache(State(w): W) -> Response {
     Json(w.cache_state()).into_response()
 }
 
-fn opt_body(body: &Bytes) -> Result<Value, ApiError> {
-    if body.is_empty() {
+fn opt_body(body: &Body) -> Result<Value, ApiError> {
+    if body.as_ref().is_ok_and(|b| b.is_empty()) {
         Ok(json!({}))
     } else {
         parse_body(body)
     }
 }
 
-async fn admin_faults(State(w): W, body: Bytes) -> Response {
+async fn admin_faults(State(w): W, body: Body) -> Response {
     let b = match opt_body(&body) {
         Ok(b) => b,
         Err(r) => return r.into_response(),
@@ -553,7 +667,7 @@ async fn admin_faults(State(w): W, body: Bytes) -> Response {
     Json(json!({ "drop_batches": drop, "delay_ms": delay })).into_response()
 }
 
-async fn admin_restart(State(w): W, body: Bytes) -> Response {
+async fn admin_restart(State(w): W, body: Body) -> Response {
     let b = match opt_body(&body) {
         Ok(b) => b,
         Err(r) => return r.into_response(),

@@ -24,6 +24,7 @@ pub mod timing;
 pub mod tokens;
 pub mod wire;
 pub mod worker;
+pub mod zmtp;
 
 pub use engine::{Engine, EngineConfig, Lookup, NewRequest, StepOutcome, TokenOut};
 pub use error::SimError;

@@ -1,8 +1,9 @@
 //! The ZMQ event publisher of one simulated engine rank (vLLM's `ZmqEventPublisher`), with
 //! fault hooks.
 //!
-//! Owns: the PUB socket (bound for wildcard endpoints, connected otherwise; DP rank `r` on
-//! `port + r`), the per-instance sequence counter, the replay buffer and the ROUTER that
+//! Owns: the PUB socket (bound for wildcard endpoints; connected otherwise, in the background
+//! through [`crate::zmtp`], so a subscriber that is absent, late or restarting never holds the
+//! engine up; DP rank `r` on `port + r`), the per-instance sequence counter, the replay buffer and the ROUTER that
 //! answers replay requests (`["", topic, seq, payload]` per batch, then the end marker; or the
 //! older `["", seq, payload]` layout), and the faults: dropping the next N batches (they keep
 //! their seq and stay replayable, as a high-water-mark drop would), delaying the stream,
@@ -13,6 +14,7 @@
 
 use crate::error::SimError;
 use crate::wire::{encode_batch, WireFormat};
+use crate::zmtp::{ConnectingPub, PubCounters};
 use bytes::Bytes;
 use kvroute_index::Event;
 use std::collections::VecDeque;
@@ -21,6 +23,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+/// vLLM's default send high-water mark (`KVEventsConfig.hwm`).
+pub const DEFAULT_HWM: usize = 100_000;
 
 /// The replay reply layout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,6 +47,8 @@ pub struct PublisherConfig {
     pub format: WireFormat,
     pub replay_layout: ReplayLayout,
     pub dp_rank: u32,
+    /// Messages queued for a connected subscriber before new ones are dropped.
+    pub hwm: usize,
 }
 
 impl PublisherConfig {
@@ -54,6 +61,7 @@ impl PublisherConfig {
             format: WireFormat::V032,
             replay_layout: ReplayLayout::WithTopic,
             dp_rank: 0,
+            hwm: DEFAULT_HWM,
         }
     }
 }
@@ -105,6 +113,35 @@ pub struct Faults {
     pub delay_ms: AtomicU64,
     pub published: AtomicU64,
     pub dropped: AtomicU64,
+    /// Connected endpoints: the background connection's counters (batches sent, batches no
+    /// subscriber took — they stay replayable —, connects, whether one is connected now).
+    pub connection: Option<Arc<PubCounters>>,
+}
+
+/// Where batches go: a bound PUB socket, or a connection made in the background.
+enum Out {
+    Bound(PubSocket),
+    Connecting(ConnectingPub),
+}
+
+impl Out {
+    /// Sends one message; never waits for a subscriber. Returns whether it went out.
+    async fn send(&mut self, frames: Vec<Vec<u8>>) -> bool {
+        match self {
+            Out::Bound(s) => match msg(frames) {
+                Some(m) => s.send(m).await.is_ok(),
+                None => false,
+            },
+            Out::Connecting(c) => c.send(frames),
+        }
+    }
+
+    fn counters(&self) -> Option<Arc<PubCounters>> {
+        match self {
+            Out::Bound(_) => None,
+            Out::Connecting(c) => Some(c.counters()),
+        }
+    }
 }
 
 enum Cmd {
@@ -136,12 +173,21 @@ impl Publisher {
             endpoint: endpoint.clone(),
             message: e.to_string(),
         };
-        let mut pub_sock = PubSocket::new();
-        let port = if bind {
-            port_of(&pub_sock.bind(&addr).await.map_err(err)?)
+        let (out, port) = if bind {
+            let mut pub_sock = PubSocket::new();
+            let port = port_of(&pub_sock.bind(&addr).await.map_err(err)?);
+            (Out::Bound(pub_sock), port)
         } else {
-            pub_sock.connect(&addr).await.map_err(err)?;
-            None
+            let hostport = addr
+                .strip_prefix("tcp://")
+                .ok_or_else(|| SimError::Socket {
+                    endpoint: endpoint.clone(),
+                    message: "only tcp endpoints can be connected to".into(),
+                })?;
+            (
+                Out::Connecting(ConnectingPub::start(hostport.to_string(), cfg.hwm)),
+                None,
+            )
         };
         let (router, replay_port) = match &cfg.replay_endpoint {
             Some(r) => {
@@ -157,8 +203,11 @@ impl Publisher {
             None => (None, None),
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        let faults = Arc::new(Faults::default());
-        let task = tokio::spawn(run(cfg, pub_sock, router, rx, faults.clone()));
+        let faults = Arc::new(Faults {
+            connection: out.counters(),
+            ..Faults::default()
+        });
+        let task = tokio::spawn(run(cfg, out, router, rx, faults.clone()));
         Ok(Publisher {
             tx,
             faults,
@@ -188,7 +237,7 @@ struct State {
 
 async fn run(
     cfg: PublisherConfig,
-    mut pub_sock: PubSocket,
+    mut out: Out,
     mut router: Option<RouterSocket>,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     faults: Arc<Faults>,
@@ -232,10 +281,8 @@ async fn run(
                         faults.dropped.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    if let Some(m) = msg(vec![topic.clone(), seq.to_be_bytes().to_vec(), payload]) {
-                        if pub_sock.send(m).await.is_ok() {
-                            faults.published.fetch_add(1, Ordering::Relaxed);
-                        }
+                    if out.send(vec![topic.clone(), seq.to_be_bytes().to_vec(), payload]).await {
+                        faults.published.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             },

@@ -33,6 +33,8 @@ pub struct WorkerConfig {
     pub zmq: Option<PublisherConfig>,
     /// Simulated seconds per wall second.
     pub speedup: f64,
+    /// The largest request body the HTTP API reads (larger ones get a 413 in vLLM's shape).
+    pub max_body_bytes: usize,
 }
 
 impl WorkerConfig {
@@ -43,6 +45,7 @@ impl WorkerConfig {
             data_parallel_size: 1,
             zmq: None,
             speedup: 1.0,
+            max_body_bytes: crate::http::MAX_BODY_BYTES,
         })
     }
 }
@@ -315,6 +318,7 @@ impl Worker {
                     "running": e.num_running(),
                     "waiting": e.num_waiting(),
                     "sim_time_s": e.now(),
+                    "publisher": rk.publisher.as_ref().map(publisher_state),
                     "groups": groups,
                 })
             })
@@ -326,6 +330,23 @@ impl Worker {
     pub fn metrics_text(&self) -> String {
         crate::metrics::render(&self.shared)
     }
+}
+
+/// What one rank's publisher has done: batches sent, injected drops and, for a connected
+/// endpoint, whether a subscriber is connected and what nobody took.
+fn publisher_state(p: &Publisher) -> Value {
+    let f = &p.faults;
+    let mut v = json!({
+        "published": f.published.load(Ordering::Relaxed),
+        "fault_dropped": f.dropped.load(Ordering::Relaxed),
+    });
+    if let Some(c) = &f.connection {
+        v["connected"] = json!(c.connected.load(Ordering::Relaxed));
+        v["connects"] = json!(c.connects.load(Ordering::Relaxed));
+        v["sent"] = json!(c.sent.load(Ordering::Relaxed));
+        v["undelivered"] = json!(c.undelivered.load(Ordering::Relaxed));
+    }
+    v
 }
 
 pub(crate) fn unix_now() -> f64 {

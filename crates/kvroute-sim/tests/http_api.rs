@@ -165,7 +165,8 @@ async fn malformed_requests_get_a_400_in_vllms_error_shape() {
     ] {
         let r = request(a, "POST", "/v1/completions", Some(body)).await;
         assert_eq!(r.status, 400, "{body}: {}", r.body);
-        assert_eq!(r.json()["object"], "error");
+        assert_eq!(r.json()["error"]["code"], 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["error"]["type"], "BadRequestError");
     }
     let r = request(
         a,
@@ -260,4 +261,90 @@ async fn the_admin_cache_view_shows_the_true_cache_and_reset_clears_it() {
     );
     let state = get(a, "/admin/cache").await.json();
     assert!(state["ranks"][0]["groups"].as_object().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn bodies_past_two_megabytes_are_served_and_errors_keep_vllms_shape() {
+    let f = one("tiny-gemma3").await;
+    let a = f.workers[0].http;
+    // A valid prompt inside 3 MB of JSON whitespace: vLLM's server has no body limit.
+    let body = format!(
+        "{{\"prompt\": [5, 6, 7, 8], \"max_tokens\": 2{}}}",
+        " ".repeat(3 << 20)
+    );
+    let r = request(a, "POST", "/v1/completions", Some(&body)).await;
+    assert_eq!(r.status, 200, "{}", &r.body[..r.body.len().min(300)]);
+    assert_eq!(r.json()["usage"]["prompt_tokens"], 4);
+    // A 400k-token prompt as ids (about 2.4 MB): the context-length error, as JSON.
+    let ids: Vec<u32> = (0..400_000).map(|i| 5 + i % 900).collect();
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], 400);
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("maximum context length"));
+    // Past the worker's own bound: a 413, in vLLM's shape.
+    let mut cfg = WorkerConfig::for_preset("tiny-gemma3").unwrap();
+    cfg.max_body_bytes = 1 << 20;
+    let small = Fleet::start(kvroute_sim::FleetOptions::new(cfg, 1))
+        .await
+        .unwrap();
+    let body = format!("{{\"prompt\": \"x\"{}}}", " ".repeat(2 << 20));
+    let r = request(
+        small.workers[0].http,
+        "POST",
+        "/v1/completions",
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json()["error"]["code"], 413);
+}
+
+#[tokio::test]
+async fn the_version_probe_and_unknown_routes_answer_like_vllm() {
+    let f = one("tiny-gemma3").await;
+    let a = f.workers[0].http;
+    let v = get(a, "/version").await;
+    assert_eq!(v.status, 200);
+    assert_eq!(v.json()["version"], kvroute_sim::http::ENGINE_VERSION);
+    let m = get(a, "/v1/models").await.json();
+    assert_eq!(m["data"][0]["owned_by"], "vllm");
+    assert!(m["data"][0]["parent"].is_null());
+    let r = post(a, "/v1/completions/render", &json!({"prompt": [5, 6, 7]}))
+        .await
+        .json();
+    assert_eq!(r[0]["token_ids"], json!([5, 6, 7]));
+    let t = post(a, "/tokenize", &json!({"prompt": "Hello world"}))
+        .await
+        .json();
+    let r = post(
+        a,
+        "/v1/completions/render",
+        &json!({"prompt": "Hello world"}),
+    )
+    .await
+    .json();
+    assert_eq!(r[0]["token_ids"], t["tokens"], "render and tokenize agree");
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let t = post(a, "/tokenize", &json!({"messages": msgs}))
+        .await
+        .json();
+    let r = post(a, "/v1/chat/completions/render", &json!({"messages": msgs}))
+        .await
+        .json();
+    assert_eq!(r["token_ids"], t["tokens"]);
+    let k = get(a, "/kv_event_sources").await.json();
+    assert_eq!(k["0"]["publisher"], "zmq");
+    assert_eq!(k["0"]["endpoint"], "tcp://127.0.0.1:0");
+    let r = get(a, "/no/such/route").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["type"], "NotFoundError");
 }

@@ -65,6 +65,9 @@ pub struct SimWorkerArgs {
     /// Answer replays with the old `["", seq, payload]` layout (no topic frame).
     #[arg(long)]
     old_replay_layout: bool,
+    /// Batches queued for a connected subscriber before new ones are dropped (vLLM's `hwm`).
+    #[arg(long, default_value_t = kvroute_sim::publisher::DEFAULT_HWM)]
+    hwm: usize,
     /// Replay buffer size in batches (vLLM's `buffer_steps`).
     #[arg(long, default_value_t = 10_000)]
     buffer_steps: usize,
@@ -113,6 +116,7 @@ fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
                 ReplayLayout::WithTopic
             },
             dp_rank: 0,
+            hwm: a.hwm,
         }),
         None if a.replay.is_some() => bail!("--replay needs --zmq"),
         None => None,
