@@ -77,7 +77,7 @@ impl<'q> Chains<'q> {
         let chain = match mode {
             HashMode::Engine { algo, seed } => {
                 let hasher = BlockHasher::new(*algo, seed);
-                let (digests, used) = digests.chain(&hasher, toks, h as usize, &query.extras);
+                let (digests, used) = digests.chain(&hasher, toks, h as usize, &query.extras, 0);
                 counters.add(Counter::DigestCacheHits, used.hits);
                 counters.add(Counter::BlocksHashed, used.hashed);
                 digests.iter().map(|d| hash::external(d).0).collect()

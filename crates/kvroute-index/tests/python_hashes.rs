@@ -1,9 +1,11 @@
 //! Block hashes agree byte for byte with Python's own `pickle` + `hashlib` and `cbor2`, on
 //! random inputs: token ids of every pickle integer width, blocks past the 64 KiB pickle
-//! frame, salts and LoRA keys, both algorithms, default and custom seeds.
+//! frame, salts and LoRA keys, vLLM 0.33's lookahead hashes (1 and 3 tokens), whole request
+//! chains, both algorithms, default and custom seeds.
 //!
 //! Needs `python3` with `cbor2` (installed by `.ci/run`).
 
+use kvroute_index::hash::cache::DigestCache;
 use kvroute_index::hash::pickle::PyValue;
 use kvroute_index::hash::{BlockExtras, BlockHasher, HashAlgo, DEFAULT_SEED};
 use rand::rngs::StdRng;
@@ -48,6 +50,8 @@ struct Case {
     tokens: Vec<u32>,
     extras: BlockExtras,
     block_index: usize,
+    /// The tokens after the block folded into its hash (vLLM 0.33; empty: none).
+    lookahead: Vec<u32>,
 }
 
 impl Case {
@@ -67,12 +71,19 @@ impl Case {
             "parent": self.parent.map(|p| hex(&p)),
             "tokens": self.tokens,
             "extra": if keys.is_empty() { serde_json::Value::Null } else { serde_json::Value::Array(keys) },
+            "lookahead": self.lookahead,
         })
     }
 }
 
 fn python_digests(cases: &[Case]) -> Vec<String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/vllm_hash.py");
+    let input: Vec<serde_json::Value> = cases.iter().map(Case::json).collect();
+    run_python("vllm_hash.py", &input)
+}
+
+/// Runs one of the oracle scripts in `tests/py` on JSON cases and reads its JSON answer.
+fn run_python<T: serde::de::DeserializeOwned>(script: &str, cases: &[serde_json::Value]) -> T {
+    let script = format!("{}/tests/py/{script}", env!("CARGO_MANIFEST_DIR"));
     let mut child = Command::new("python3")
         .arg(script)
         .stdin(Stdio::piped())
@@ -80,7 +91,7 @@ fn python_digests(cases: &[Case]) -> Vec<String> {
         .stderr(Stdio::piped())
         .spawn()
         .expect("python3 must be installed (see .ci/run)");
-    let input = serde_json::to_vec(&cases.iter().map(Case::json).collect::<Vec<_>>()).unwrap();
+    let input = serde_json::to_vec(cases).unwrap();
     child.stdin.take().unwrap().write_all(&input).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(
@@ -122,6 +133,7 @@ fn block_hashes_match_python_pickle_hashlib_and_cbor2_on_random_inputs() {
             tokens: (0..len).map(|_| random_token(&mut rng)).collect(),
             extras,
             block_index: rng.gen_range(0..2),
+            lookahead: Vec::new(),
         });
     }
     let want = python_digests(&cases);
@@ -143,6 +155,121 @@ fn block_hashes_match_python_pickle_hashlib_and_cbor2_on_random_inputs() {
     }
 }
 
+fn random_extras(rng: &mut StdRng) -> BlockExtras {
+    // vLLM refuses an empty cache_salt at its API, so a salt is never empty.
+    let salt = rng.gen_bool(0.3).then(|| random_string(rng));
+    BlockExtras {
+        cache_salt: salt.filter(|s| !s.is_empty()),
+        lora: rng
+            .gen_bool(0.3)
+            .then(|| (random_string(rng), random_string(rng))),
+    }
+}
+
+#[test]
+fn lookahead_block_hashes_match_python_on_random_inputs() {
+    let mut rng = StdRng::seed_from_u64(20330);
+    let mut cases = Vec::new();
+    for i in 0..300 {
+        let len = if i % 25 == 0 {
+            rng.gen_range(13_000..14_000)
+        } else {
+            rng.gen_range(1..200)
+        };
+        let lookahead = [1usize, 3][i % 2];
+        cases.push(Case {
+            algo: if rng.gen_bool(0.5) {
+                HashAlgo::Sha256
+            } else {
+                HashAlgo::Sha256Cbor
+            },
+            seed: if rng.gen_bool(0.7) {
+                DEFAULT_SEED.to_string()
+            } else {
+                format!("{}", rng.gen::<u32>())
+            },
+            parent: rng.gen_bool(0.6).then(|| rng.gen()),
+            tokens: (0..len).map(|_| random_token(&mut rng)).collect(),
+            extras: random_extras(&mut rng),
+            block_index: rng.gen_range(0..2),
+            lookahead: (0..lookahead).map(|_| random_token(&mut rng)).collect(),
+        });
+    }
+    let want = python_digests(&cases);
+    for (c, w) in cases.iter().zip(&want) {
+        let got = BlockHasher::new(c.algo, &c.seed).hash_block_lookahead(
+            c.parent.as_ref(),
+            &c.tokens,
+            &c.extras,
+            c.block_index,
+            &c.lookahead,
+        );
+        assert_eq!(
+            &hex(&got),
+            w,
+            "algo {} len {} extras {:?} lookahead {:?}",
+            c.algo,
+            c.tokens.len(),
+            c.extras,
+            c.lookahead
+        );
+    }
+}
+
+/// Whole request chains, as vLLM 0.33's request hasher walks them (a block hashes once its
+/// lookahead tokens exist), through the index's digest cache and without it.
+#[test]
+fn lookahead_request_chains_match_python_on_random_inputs() {
+    let mut rng = StdRng::seed_from_u64(20331);
+    let mut cases = Vec::new();
+    let mut inputs = Vec::new();
+    for i in 0..200 {
+        let algo = if rng.gen_bool(0.5) {
+            HashAlgo::Sha256
+        } else {
+            HashAlgo::Sha256Cbor
+        };
+        let seed = if rng.gen_bool(0.7) {
+            DEFAULT_SEED.to_string()
+        } else {
+            format!("{}", rng.gen::<u32>())
+        };
+        let block = [1usize, 4, 16][rng.gen_range(0..3)];
+        let lookahead = [0usize, 1, 3][i % 3];
+        let n = rng.gen_range(0..6 * block + 4);
+        let tokens: Vec<u32> = (0..n).map(|_| random_token(&mut rng)).collect();
+        let extras = random_extras(&mut rng);
+        inputs.push(serde_json::json!({
+            "algo": algo.to_string(),
+            "seed": seed,
+            "tokens": tokens,
+            "block": block,
+            "lookahead": lookahead,
+            "lora": extras.lora.as_ref().map(|(n, p)| [n, p]),
+            "salt": extras.cache_salt,
+        }));
+        cases.push((algo, seed, tokens, block, lookahead, extras));
+    }
+    let want: Vec<Vec<String>> = run_python("vllm_chain.py", &inputs);
+    let cache = DigestCache::default();
+    for ((algo, seed, tokens, block, lookahead, extras), w) in cases.iter().zip(&want) {
+        let hasher = BlockHasher::new(*algo, seed);
+        let plain = hasher.chain_lookahead(tokens, *block, extras, *lookahead);
+        let got: Vec<String> = plain.iter().map(|d| hex(d)).collect();
+        assert_eq!(
+            &got,
+            w,
+            "{algo} block {block} L={lookahead} n={} {extras:?}",
+            tokens.len()
+        );
+        // Twice through the cache: the second time from it.
+        for _ in 0..2 {
+            let (cached, _) = cache.chain(&hasher, tokens, *block, extras, *lookahead);
+            assert_eq!(cached, plain, "{algo} block {block} L={lookahead}");
+        }
+    }
+}
+
 #[test]
 fn long_blocks_cross_the_pickle_frame_boundary_like_cpython() {
     // Blocks sized so the pickle lands just below, at and above 64 KiB frames.
@@ -156,6 +283,7 @@ fn long_blocks_cross_the_pickle_frame_boundary_like_cpython() {
                 tokens: vec![tok; len],
                 extras: BlockExtras::default(),
                 block_index: 1,
+                lookahead: Vec::new(),
             });
         }
     }

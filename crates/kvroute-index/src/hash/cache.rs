@@ -1,24 +1,29 @@
 //! Block digests remembered across requests: most requests repeat a prefix an earlier one had
 //! (a system prompt, the turns before in a conversation), and hashing the request is most of a
 //! routing decision. A block's digest depends only on the algorithm, its parent's digest (which
-//! carries the seed and everything before), its tokens and its extra keys, so a block without
-//! extra keys seen before is looked up instead of serialized and hashed again.
+//! carries the seed and everything before), its tokens, its lookahead tokens (vLLM 0.33's
+//! `num_hash_lookahead_tokens`) and its extra keys, so a block without extra keys seen before
+//! is looked up instead of serialized and hashed again.
 //!
-//! Owns: (algorithm, parent digest, tokens) → digest for blocks without extra keys, each in a
-//! slot keyed by a fast hash of its whole prefix, under one lock; the count of tokens kept.
+//! Owns: (algorithm, lookahead count, parent digest, tokens and lookahead tokens) → digest for
+//! blocks without extra keys, each in a slot keyed by a fast hash of its whole prefix (the
+//! lookahead count in the first key), under one lock; the count of tokens kept (a block's
+//! lookahead tokens are kept and counted with it).
 //! When a request's new blocks would pass the bound, everything is dropped and filling starts
 //! over with that request's blocks (a new generation: simple, and hot prefixes come back with
 //! the next request that uses them). The lock is a leaf: taken under the index's locks,
 //! nothing taken under it; a request keeps its blocks only if it gets the write lock at once.
 //! Invariants: an entry's digest is exactly what `BlockHasher` computes for its algorithm,
-//! parent and tokens with no extra keys (entries are only made from that); a lookup answers
-//! only on equal algorithm, parent and tokens (the 64-bit slot key picks the slot, never the
-//! answer); the tokens kept never pass the bound, itself at most `MAX_TOKENS_LIMIT` (arena
-//! offsets are 32-bit); `chain` returns exactly `BlockHasher::chain`.
+//! parent, tokens and lookahead tokens with no extra keys (entries are only made from that); a
+//! lookup answers only on equal algorithm, lookahead count, parent and tokens with lookahead
+//! tokens (the 64-bit slot key picks the slot, never the answer), so a lookahead block is
+//! never answered by a block hashed without lookahead or with another count; the tokens kept
+//! never pass the bound, itself at most `MAX_TOKENS_LIMIT` (arena offsets are 32-bit); `chain`
+//! returns exactly `BlockHasher::chain_lookahead`.
 //! Must not: keep a block with extra keys (a salted request's first block, any LoRA block),
 //! answer from a slot key alone, or hold its lock while hashing a block it will keep.
 
-use super::{BlockExtras, BlockHasher, Digest, HashAlgo};
+use super::{hashable_blocks, BlockExtras, BlockHasher, Digest, HashAlgo};
 use crate::holder::MixBuild;
 use parking_lot::RwLock;
 use std::collections::hash_map::Entry::{Occupied, Vacant};
@@ -31,10 +36,11 @@ pub const DEFAULT_MAX_TOKENS: usize = 1 << 20;
 /// The largest bound a cache takes (2^31 tokens, 8 GiB of token ids).
 pub const MAX_TOKENS_LIMIT: usize = 1 << 31;
 
-/// A kept block; its tokens are `arena[at..at + len]` (no allocation of its own, so dropping a
-/// generation frees nothing per entry).
+/// A kept block; its tokens, then its `lookahead` lookahead tokens, are `arena[at..at + len]`
+/// (no allocation of its own, so dropping a generation frees nothing per entry).
 struct Entry {
     algo: HashAlgo,
+    lookahead: u16,
     parent: Digest,
     digest: Digest,
     at: u32,
@@ -54,12 +60,21 @@ struct Inner {
 }
 
 impl Entry {
-    /// Whether this is the block (algorithm, parent, tokens): the only test an answer passes.
-    fn is(&self, arena: &[u32], algo: HashAlgo, parent: &Digest, tokens: &[u32]) -> bool {
+    /// Whether this is the block (algorithm, lookahead count, parent, tokens followed by the
+    /// lookahead tokens): the only test an answer passes.
+    fn is(
+        &self,
+        arena: &[u32],
+        algo: HashAlgo,
+        lookahead: u16,
+        parent: &Digest,
+        span: &[u32],
+    ) -> bool {
         let at = self.at as usize;
         self.algo == algo
+            && self.lookahead == lookahead
             && self.parent == *parent
-            && arena.get(at..at + self.len as usize) == Some(tokens)
+            && arena.get(at..at + self.len as usize) == Some(span)
     }
 }
 
@@ -112,8 +127,9 @@ impl DigestCache {
         }
     }
 
-    /// Digests of every full `block`-token hash block of `tokens`: `hasher.chain(tokens,
-    /// block, extras)`, with the blocks seen before looked up.
+    /// Digests of every `block`-token hash block of `tokens` with `lookahead` lookahead
+    /// tokens: `hasher.chain_lookahead(tokens, block, extras, lookahead)`, with the blocks seen
+    /// before looked up.
     ///
     /// A lookup keyed by the parent's digest would wait for the previous lookup (a cache miss
     /// each, slower than hashing). So each block's slot is keyed by a fast hash of the whole
@@ -127,32 +143,43 @@ impl DigestCache {
         tokens: &[u32],
         block: usize,
         extras: &BlockExtras,
+        lookahead: usize,
     ) -> (Vec<Digest>, CacheUse) {
-        if block == 0 || self.max_tokens < block || extras.lora.is_some() {
-            let chain = hasher.chain(tokens, block, extras);
+        let Some(look) = u16::try_from(lookahead)
+            .ok()
+            .filter(|_| block > 0 && self.max_tokens >= block + lookahead && extras.lora.is_none())
+        else {
+            let chain = hasher.chain_lookahead(tokens, block, extras, lookahead);
             let hashed = chain.len() as u64;
             return (chain, CacheUse { hits: 0, hashed });
-        }
+        };
         let algo = hasher.algo();
-        let blocks: Vec<&[u32]> = tokens.chunks_exact(block).collect();
+        // Each block with its lookahead tokens (all of them exist: only hashable blocks).
+        let blocks: Vec<&[u32]> = (0..hashable_blocks(tokens.len(), block, lookahead))
+            .map(|i| &tokens[i * block..(i + 1) * block + lookahead])
+            .collect();
+        let hash = |parent: Option<&Digest>, span: &[u32], i: usize| {
+            let (own, after) = span.split_at(block);
+            hasher.hash_block_lookahead(parent, own, extras, i, after)
+        };
         let mut out: Vec<Digest> = Vec::with_capacity(blocks.len());
         let mut used = CacheUse::default();
         // A salted first block carries its salt: hashed every time, never kept; the blocks
         // after it chain on its digest.
         let first = usize::from(extras.cache_salt.is_some());
         if first == 1 {
-            if let Some(chunk) = blocks.first() {
-                out.push(hasher.hash_block(None, chunk, extras, 0));
+            if let Some(span) = blocks.first() {
+                out.push(hash(None, span, 0));
                 used.hashed += 1;
             }
         }
         let anchor = *out.last().unwrap_or(hasher.none_hash());
         // Each key chains on the whole key before it; the mask narrows only the slot.
         let mut keys: Vec<u64> = Vec::with_capacity(blocks.len());
-        for chunk in blocks.iter().skip(first) {
+        for span in blocks.iter().skip(first) {
             keys.push(match keys.last() {
-                None => slot_key(algo as u64, Some(&anchor), chunk),
-                Some(k) => slot_key(*k, None, chunk),
+                None => slot_key(algo as u64 | (u64::from(look) << 8), Some(&anchor), span),
+                Some(k) => slot_key(*k, None, span),
             });
         }
         {
@@ -170,7 +197,7 @@ impl DigestCache {
                 for (chunk, e) in batch {
                     let parent = out.last().unwrap_or(hasher.none_hash());
                     match e {
-                        Some(e) if e.is(&inner.arena, algo, parent, chunk) => {
+                        Some(e) if e.is(&inner.arena, algo, look, parent, chunk) => {
                             out.push(e.digest);
                             used.hits += 1;
                         }
@@ -180,18 +207,19 @@ impl DigestCache {
             }
         }
         let first_new = out.len();
-        for (i, chunk) in blocks.iter().enumerate().skip(first_new) {
-            let d = hasher.hash_block(out.last(), chunk, extras, i);
+        for (i, span) in blocks.iter().enumerate().skip(first_new) {
+            let d = hash(out.last(), span, i);
             out.push(d);
             used.hashed += 1;
         }
         if first_new < blocks.len() {
-            self.keep(&blocks, &out, &keys, first, first_new, anchor, algo);
+            self.keep(&blocks, &out, &keys, first, first_new, anchor, (algo, look));
         }
         (out, used)
     }
 
-    /// Keeps the blocks of a request from `first_new` on (its first kept block is `first`).
+    /// Keeps the blocks of a request (each with its lookahead tokens) from `first_new` on (its
+    /// first kept block is `first`), hashed under `(algorithm, lookahead count)`.
     /// Skipped when another request is keeping its own (the cache only saves work; a request
     /// must not queue for it). When the new blocks do not fit, a new generation starts and the
     /// request's leading blocks are kept again from `first`, as many as fit, so its kept
@@ -205,7 +233,7 @@ impl DigestCache {
         first: usize,
         first_new: usize,
         anchor: Digest,
-        algo: HashAlgo,
+        (algo, lookahead): (HashAlgo, u16),
     ) {
         let Some(mut inner) = self.inner.try_write() else {
             return;
@@ -241,6 +269,7 @@ impl DigestCache {
             let parent = if i == 0 { anchor } else { out[i - 1] };
             let entry = Entry {
                 algo,
+                lookahead,
                 parent,
                 digest: out[i],
                 at: arena.len() as u32,
@@ -251,7 +280,7 @@ impl DigestCache {
                 Occupied(mut slot) => {
                     let kept = entries
                         .get(*slot.get() as usize)
-                        .is_some_and(|e| e.is(arena, algo, &parent, chunk));
+                        .is_some_and(|e| e.is(arena, algo, lookahead, &parent, chunk));
                     if kept {
                         // Kept already (another request with this prefix got here first).
                         continue;
@@ -331,12 +360,13 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
         /// Requests that share prefixes (each continues an earlier one, or not), with and
-        /// without salts and LoRA, under both algorithms, two seeds and a bound small enough to
-        /// drop the cache many times: every chain equals the plain chain.
+        /// without salts and LoRA, without lookahead and with 1 or 3 lookahead tokens, under
+        /// both algorithms, two seeds and a bound small enough to drop the cache many times:
+        /// every chain equals the plain chain.
         #[test]
         fn cached_chains_equal_plain_chains(
             requests in prop::collection::vec(
-                (0usize..4, 0usize..24, any::<bool>(), 0u8..4, any::<u8>(), 0usize..6),
+                (0usize..4, 0usize..24, any::<bool>(), 0u8..4, any::<u8>(), 0usize..6, 0usize..3),
                 1..20,
             ),
             blocks in prop::sample::select(vec![
@@ -353,7 +383,7 @@ mod tests {
                 BlockHasher::new(HashAlgo::Sha256, "42"),
             ];
             let mut earlier: Vec<Vec<u32>> = vec![Vec::new()];
-            for (base, extra, big, mode, seed, pick) in requests {
+            for (base, extra, big, mode, seed, pick, look) in requests {
                 // Continue an earlier request, with tokens of every pickle width now and then;
                 // blocks of 64 tokens or more need long requests to have any.
                 let block = blocks[pick % blocks.len()];
@@ -369,8 +399,9 @@ mod tests {
                     _ => extras(None, true),
                 };
                 let hasher = &hashers[seed as usize % hashers.len()];
-                let (got, used) = cache.chain(hasher, &tokens, block, &ex);
-                let want = hasher.chain(&tokens, block, &ex);
+                let lookahead = [0, 1, 3][look];
+                let (got, used) = cache.chain(hasher, &tokens, block, &ex, lookahead);
+                let want = hasher.chain_lookahead(&tokens, block, &ex, lookahead);
                 prop_assert_eq!(&got, &want);
                 prop_assert_eq!(used.hits + used.hashed, want.len() as u64);
                 prop_assert!(cache.tokens() <= max_tokens);
@@ -395,7 +426,7 @@ mod tests {
                         let shared: Vec<u32> = (0..64).collect();
                         let mut tokens = shared;
                         tokens.extend((0..(i % 9) * 8).map(|j| j + 1000 * ((i + t) % 5)));
-                        let (got, _) = cache.chain(hasher, &tokens, 8, plain);
+                        let (got, _) = cache.chain(hasher, &tokens, 8, plain, 0);
                         assert_eq!(got, hasher.chain(&tokens, 8, plain));
                         assert!(cache.tokens() <= 300);
                     }
@@ -411,7 +442,7 @@ mod tests {
         let system: Vec<u32> = (0..64).collect();
         let mut first = system.clone();
         first.extend([900, 901, 902, 903]);
-        let (_, used) = cache.chain(&hasher, &first, 4, &BlockExtras::default());
+        let (_, used) = cache.chain(&hasher, &first, 4, &BlockExtras::default(), 0);
         assert_eq!(
             used,
             CacheUse {
@@ -421,7 +452,7 @@ mod tests {
         );
         let mut second = system;
         second.extend([700, 701, 702, 703, 704]);
-        let (chain, used) = cache.chain(&hasher, &second, 4, &BlockExtras::default());
+        let (chain, used) = cache.chain(&hasher, &second, 4, &BlockExtras::default(), 0);
         assert_eq!(
             used,
             CacheUse {
@@ -432,7 +463,7 @@ mod tests {
         assert_eq!(chain, hasher.chain(&second, 4, &BlockExtras::default()));
         // A salt changes the first block, so nothing after it is the unsalted prefix's.
         let salted = extras(Some("tenant"), false);
-        let (_, used) = cache.chain(&hasher, &second, 4, &salted);
+        let (_, used) = cache.chain(&hasher, &second, 4, &salted, 0);
         assert_eq!(
             used,
             CacheUse {
@@ -440,7 +471,7 @@ mod tests {
                 hashed: 17
             }
         );
-        let (_, used) = cache.chain(&hasher, &second, 4, &salted);
+        let (_, used) = cache.chain(&hasher, &second, 4, &salted, 0);
         assert_eq!(
             used,
             CacheUse {
@@ -452,16 +483,43 @@ mod tests {
     }
 
     #[test]
+    fn a_lookahead_block_is_never_answered_by_a_block_hashed_without_lookahead() {
+        let cache = DigestCache::default();
+        let hasher = BlockHasher::new(HashAlgo::Sha256, "vllm-none-hash");
+        let plain = BlockExtras::default();
+        let tokens: Vec<u32> = (0..33).collect();
+        let (_, used) = cache.chain(&hasher, &tokens, 4, &plain, 0);
+        assert_eq!(used, CacheUse { hits: 0, hashed: 8 });
+        // The same tokens with one lookahead token: other digests, none from the cache.
+        let (chain, used) = cache.chain(&hasher, &tokens, 4, &plain, 1);
+        assert_eq!(used, CacheUse { hits: 0, hashed: 8 });
+        assert_eq!(chain, hasher.chain_lookahead(&tokens, 4, &plain, 1));
+        assert_ne!(chain, hasher.chain(&tokens, 4, &plain));
+        // Repeated with one lookahead token it hits; with three, block 7 has no hash yet.
+        let (_, used) = cache.chain(&hasher, &tokens, 4, &plain, 1);
+        assert_eq!(used, CacheUse { hits: 8, hashed: 0 });
+        let (chain, used) = cache.chain(&hasher, &tokens, 4, &plain, 3);
+        assert_eq!(used, CacheUse { hits: 0, hashed: 7 });
+        assert_eq!(chain, hasher.chain_lookahead(&tokens, 4, &plain, 3));
+        // A block followed by other tokens is another block under lookahead.
+        let mut other = tokens.clone();
+        other[8] = 999;
+        let (chain, used) = cache.chain(&hasher, &other, 4, &plain, 1);
+        assert_eq!(used, CacheUse { hits: 1, hashed: 7 });
+        assert_eq!(chain, hasher.chain_lookahead(&other, 4, &plain, 1));
+    }
+
+    #[test]
     fn a_huge_bound_is_clamped_and_reserves_only_a_generation_s_start() {
         let cache = DigestCache::new(usize::MAX);
         let hasher = BlockHasher::new(HashAlgo::Sha256Cbor, "vllm-none-hash");
         let tokens: Vec<u32> = (0..64).collect();
-        let (chain, _) = cache.chain(&hasher, &tokens, 16, &BlockExtras::default());
+        let (chain, _) = cache.chain(&hasher, &tokens, 16, &BlockExtras::default(), 0);
         assert_eq!(chain, hasher.chain(&tokens, 16, &BlockExtras::default()));
         assert!(cache.heap_bytes() < 64 << 20, "{}", cache.heap_bytes());
         // A block longer than the bound is hashed, never kept.
         let small = DigestCache::new(8);
-        let (chain, used) = small.chain(&hasher, &tokens, 16, &BlockExtras::default());
+        let (chain, used) = small.chain(&hasher, &tokens, 16, &BlockExtras::default(), 0);
         assert_eq!((chain.len(), used.hits, small.tokens()), (4, 0, 0));
     }
 
@@ -472,22 +530,22 @@ mod tests {
         let plain = BlockExtras::default();
         let x: Vec<u32> = (0..12).collect();
         let y: Vec<u32> = (100..104).collect();
-        assert_eq!(cache.chain(&hasher, &x, 4, &plain).1.hashed, 3);
+        assert_eq!(cache.chain(&hasher, &x, 4, &plain, 0).1.hashed, 3);
         assert_eq!(cache.tokens(), 12);
         // Y does not fit beside X: a new generation holding Y alone.
-        cache.chain(&hasher, &y, 4, &plain);
+        cache.chain(&hasher, &y, 4, &plain, 0);
         assert_eq!(cache.tokens(), 4);
         // X crosses the bound again and is kept whole, so its next turn hits.
-        let (_, used) = cache.chain(&hasher, &x, 4, &plain);
+        let (_, used) = cache.chain(&hasher, &x, 4, &plain, 0);
         assert_eq!((used.hits, cache.tokens()), (0, 12));
-        let (chain, used) = cache.chain(&hasher, &x, 4, &plain);
+        let (chain, used) = cache.chain(&hasher, &x, 4, &plain, 0);
         assert_eq!(used, CacheUse { hits: 3, hashed: 0 });
         assert_eq!(chain, hasher.chain(&x, 4, &plain));
         // A request longer than the bound keeps its leading blocks, which its repeat reaches.
         let long: Vec<u32> = (200..220).collect();
-        cache.chain(&hasher, &long, 4, &plain);
+        cache.chain(&hasher, &long, 4, &plain, 0);
         assert_eq!(cache.tokens(), 12);
-        let (chain, used) = cache.chain(&hasher, &long, 4, &plain);
+        let (chain, used) = cache.chain(&hasher, &long, 4, &plain, 0);
         assert_eq!(used, CacheUse { hits: 3, hashed: 2 });
         assert_eq!(chain, hasher.chain(&long, 4, &plain));
     }

@@ -1,11 +1,15 @@
 //! Block hashing identical to vLLM's prefix cache, and the router's own content keys.
 //!
 //! Owns: `HashAlgo` (`sha256`, `sha256_cbor`), `NONE_HASH` from a seed string, the tagged extra
-//! keys (`("lora", name, path)` on every block, `("cache_salt", salt)` on the first), the chain
-//! over full hash blocks, and the fast content-key chain used where the engine's hash cannot be
-//! reproduced; `cache` remembers digests of blocks seen before.
+//! keys (`("lora", name, path)` on every block, `("cache_salt", salt)` on the first), vLLM
+//! 0.33's lookahead block hashes (with `L` lookahead tokens the extra keys are
+//! `(E, t_e, …, t_{e+L−1})`, `E` the tagged keys or `None`), the chain over full hash blocks,
+//! and the fast content-key chain used where the engine's hash cannot be reproduced; `cache`
+//! remembers digests of blocks seen before.
 //! Invariants: digests chain on *full* parent digests, never on truncated 64-bit values; the
-//! 64-bit external form is the digest's last 8 bytes big-endian; only full hash blocks hash.
+//! 64-bit external form is the digest's last 8 bytes big-endian; only full hash blocks hash,
+//! and with `L` lookahead tokens a block `[s, e)` hashes only when `e + L ≤ n`; `L = 0` is
+//! byte-identical to the hash without lookahead.
 //! Must not: allocate per token on the hot path beyond the one serialization buffer per block.
 
 pub mod cache;
@@ -140,18 +144,81 @@ impl BlockHasher {
         self.hash_block_with(parent, tokens, extras.tagged(block_index))
     }
 
+    /// The digest of hash block `block_index` of a request under vLLM 0.33's lookahead hashes:
+    /// `lookahead` holds the `L` tokens right after the block (empty: the hash without
+    /// lookahead, `hash_block`).
+    pub fn hash_block_lookahead(
+        &self,
+        parent: Option<&Digest>,
+        tokens: &[u32],
+        extras: &BlockExtras,
+        block_index: usize,
+        lookahead: &[u32],
+    ) -> Digest {
+        self.hash_block_with(
+            parent,
+            tokens,
+            lookahead_keys(extras.tagged(block_index), lookahead),
+        )
+    }
+
     /// Digests of every full `block`-token hash block of `tokens`.
     pub fn chain(&self, tokens: &[u32], block: usize, extras: &BlockExtras) -> Vec<Digest> {
-        let mut out: Vec<Digest> = Vec::with_capacity(tokens.len() / block.max(1));
+        self.chain_lookahead(tokens, block, extras, 0)
+    }
+
+    /// Digests of every `block`-token hash block `[s, e)` of `tokens` with `e + lookahead ≤
+    /// n`, each covering the `lookahead` tokens after it (vLLM 0.33's
+    /// `num_hash_lookahead_tokens`; 0 is `chain`).
+    pub fn chain_lookahead(
+        &self,
+        tokens: &[u32],
+        block: usize,
+        extras: &BlockExtras,
+        lookahead: usize,
+    ) -> Vec<Digest> {
+        let mut out: Vec<Digest> = Vec::new();
         if block == 0 {
             return out;
         }
-        for (i, chunk) in tokens.chunks_exact(block).enumerate() {
-            let d = self.hash_block(out.last(), chunk, extras, i);
+        let blocks = hashable_blocks(tokens.len(), block, lookahead);
+        out.reserve_exact(blocks);
+        for i in 0..blocks {
+            let (s, e) = (i * block, (i + 1) * block);
+            let d = self.hash_block_lookahead(
+                out.last(),
+                &tokens[s..e],
+                extras,
+                i,
+                &tokens[e..e + lookahead],
+            );
             out.push(d);
         }
         out
     }
+}
+
+/// How many `block`-token hash blocks of an `n`-token request have a hash with `lookahead`
+/// lookahead tokens: those `[s, e)` with `e + lookahead ≤ n` (vLLM 0.33's
+/// `request_block_hasher`; `n / block` without lookahead).
+pub fn hashable_blocks(n: usize, block: usize, lookahead: usize) -> usize {
+    if block == 0 {
+        return 0;
+    }
+    n.saturating_sub(lookahead) / block
+}
+
+/// The extra keys of a lookahead block hash: `extra` itself without lookahead tokens, else
+/// the flat tuple `(extra, t_e, …, t_{e+L−1})` (`(extra, t_e)` for one token). `extra` is the
+/// block's usual tagged keys or `None`, so the value is never plain `None` once `L > 0`.
+pub fn lookahead_keys(extra: PyValue, lookahead: &[u32]) -> PyValue {
+    if lookahead.is_empty() {
+        return extra;
+    }
+    let mut items = Vec::with_capacity(1 + lookahead.len());
+    items.push(extra);
+    items.extend(lookahead.iter().map(|t| PyValue::Int(*t as i128)));
+    PyValue::Tuple(items)
 }
 
 fn digest_of(algo: HashAlgo, obj: &PyValue) -> Digest {
@@ -249,6 +316,105 @@ mod tests {
                 .collect();
             assert_eq!(ext, want, "{algo}");
         }
+    }
+
+    fn heads(chain: &[Digest]) -> Vec<String> {
+        chain.iter().map(|d| hex(d)[..16].to_string()).collect()
+    }
+
+    /// The vectors of vLLM 0.33's own `get_request_block_hasher` (tokens 1..=10, hash block 4,
+    /// `PYTHONHASHSEED` unset): the first 8 bytes of each digest.
+    #[test]
+    fn lookahead_chains_match_vllm_0_33_s_own_hasher() {
+        let tokens: Vec<u32> = (1..=10).collect();
+        let lora_salt = BlockExtras {
+            cache_salt: Some("s".into()),
+            lora: Some(("a".into(), "/p/a".into())),
+        };
+        let cases: [(HashAlgo, usize, &BlockExtras, [&str; 2]); 8] = [
+            (
+                HashAlgo::Sha256,
+                0,
+                &BlockExtras::default(),
+                ["52a7f141c60918f6", "bee96bce54f5fcab"],
+            ),
+            (
+                HashAlgo::Sha256,
+                1,
+                &BlockExtras::default(),
+                ["8a35c24a38f8f50a", "361f825e09047d65"],
+            ),
+            (
+                HashAlgo::Sha256,
+                2,
+                &BlockExtras::default(),
+                ["324ebf1e45c7844e", "55f429f53087f3e5"],
+            ),
+            (
+                HashAlgo::Sha256,
+                1,
+                &lora_salt,
+                ["a54e296df7ca240d", "4a800d1b80517c98"],
+            ),
+            (
+                HashAlgo::Sha256Cbor,
+                0,
+                &BlockExtras::default(),
+                ["58d0879dff3800f6", "e1bc29393a2da9fd"],
+            ),
+            (
+                HashAlgo::Sha256Cbor,
+                1,
+                &BlockExtras::default(),
+                ["45a8d824e18169fe", "1909786c93c17199"],
+            ),
+            (
+                HashAlgo::Sha256Cbor,
+                2,
+                &BlockExtras::default(),
+                ["829ef94de632ca50", "fb14d04c49d94bfe"],
+            ),
+            (
+                HashAlgo::Sha256Cbor,
+                1,
+                &lora_salt,
+                ["415202f2c657b380", "8666e0cfc4fa839c"],
+            ),
+        ];
+        for (algo, lookahead, extras, want) in cases {
+            let h = BlockHasher::new(algo, DEFAULT_SEED);
+            let got = heads(&h.chain_lookahead(&tokens, 4, extras, lookahead));
+            assert_eq!(got, want, "{algo} L={lookahead} {extras:?}");
+        }
+        assert_eq!(
+            &hex(BlockHasher::new(HashAlgo::Sha256Cbor, DEFAULT_SEED).none_hash())[..16],
+            "9bd96a485ad84efd"
+        );
+    }
+
+    #[test]
+    fn a_lookahead_block_hashes_only_once_its_lookahead_tokens_exist() {
+        let h = BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED);
+        let tokens: Vec<u32> = (1..=8).collect();
+        // Block [4, 8) needs token 9 for L = 1.
+        assert_eq!(
+            h.chain_lookahead(&tokens, 4, &BlockExtras::default(), 1)
+                .len(),
+            1
+        );
+        assert_eq!(
+            h.chain_lookahead(&tokens, 4, &BlockExtras::default(), 0)
+                .len(),
+            2
+        );
+        assert_eq!(hashable_blocks(8, 4, 3), 1);
+        assert_eq!(hashable_blocks(2, 4, 3), 0);
+        assert_eq!(hashable_blocks(9, 0, 1), 0);
+        // With L = 0 the lookahead chain is the plain one.
+        assert_eq!(
+            h.chain_lookahead(&tokens, 4, &BlockExtras::default(), 0),
+            h.chain(&tokens, 4, &BlockExtras::default())
+        );
     }
 
     #[test]

@@ -2,7 +2,10 @@
 hashlib and cbor2. Reads JSON cases on stdin, prints one hex digest per case.
 
 A case: {"algo": "sha256"|"sha256_cbor", "seed": str, "parent": hex|null,
-         "tokens": [int], "extra": null | [[str|int, ...], ...]}
+         "tokens": [int], "extra": null | [[str|int, ...], ...], "lookahead": [int]?}
+
+With a non-empty "lookahead" (vLLM 0.33's lookahead block hashes) the extra keys are the flat
+tuple (extra, t_e, ..., t_{e+L-1}).
 """
 import hashlib
 import json
@@ -29,6 +32,9 @@ def main():
             none_hashes[key] = hashlib.sha256(dumps(algo, seed)).digest()
         parent = bytes.fromhex(c["parent"]) if c["parent"] else none_hashes[key]
         extra = None if c["extra"] is None else tuple(tuple(k) for k in c["extra"])
+        lookahead = c.get("lookahead") or []
+        if lookahead:
+            extra = (extra, *lookahead)
         obj = (parent, tuple(c["tokens"]), extra)
         out.append(hashlib.sha256(dumps(algo, obj)).hexdigest())
     json.dump(out, sys.stdout)
