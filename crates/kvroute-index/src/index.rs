@@ -619,8 +619,21 @@ pub fn block_hashes(
     tokens: &[u32],
     extras: &BlockExtras,
 ) -> Vec<(usize, u64, hash::Digest)> {
+    block_hashes_lookahead(algo, seed, block, tokens, extras, 0)
+}
+
+/// `block_hashes` under vLLM 0.33's lookahead hashes: (index, 64-bit value, digest) of every
+/// block that has a hash with `lookahead` lookahead tokens (`e + lookahead ≤ n`).
+pub fn block_hashes_lookahead(
+    algo: HashAlgo,
+    seed: &str,
+    block: usize,
+    tokens: &[u32],
+    extras: &BlockExtras,
+    lookahead: usize,
+) -> Vec<(usize, u64, hash::Digest)> {
     BlockHasher::new(algo, seed)
-        .chain(tokens, block, extras)
+        .chain_lookahead(tokens, block, extras, lookahead)
         .into_iter()
         .enumerate()
         .map(|(i, d)| (i, hash::external(&d).0, d))

@@ -113,10 +113,14 @@ pub fn explain(
     Ok(())
 }
 
+/// Prints (index, 64-bit value, digest) of every block of `tokens` that has a hash; with
+/// `lookahead` > 0, vLLM 0.33's lookahead hashes (a block hashes once its `lookahead` next
+/// tokens exist).
 pub fn hash(
     tokens: &[u32],
     s: &HashSettings,
     salt: Option<String>,
+    lookahead: usize,
     out: &mut impl Write,
 ) -> Result<()> {
     let block = s.hash_block_size.unwrap_or(16).max(1) as usize;
@@ -124,7 +128,9 @@ pub fn hash(
         cache_salt: salt,
         lora: None,
     };
-    let rows = kvroute_index::index::block_hashes(s.algo, &s.seed, block, tokens, &extras);
+    let rows = kvroute_index::index::block_hashes_lookahead(
+        s.algo, &s.seed, block, tokens, &extras, lookahead,
+    );
     for (i, v, d) in rows {
         writeln!(out, "{i}\t{v}\t{}", hex_encode(&d))?;
     }

@@ -70,6 +70,9 @@ enum Cmd {
         /// cache_salt of the request.
         #[arg(long)]
         salt: Option<String>,
+        /// vLLM 0.33's num_hash_lookahead_tokens: each block's hash covers the N tokens after it.
+        #[arg(long, default_value_t = 0)]
+        lookahead: usize,
         /// Token ids: `1,2,3`, ranges `0..40`, or `@FILE`.
         #[arg(long)]
         tokens: String,
@@ -374,9 +377,14 @@ async fn main() -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.cmd {
-        Cmd::Hash { hash, salt, tokens } => {
+        Cmd::Hash {
+            hash,
+            salt,
+            lookahead,
+            tokens,
+        } => {
             let toks = tokens::parse_tokens(&tokens)?;
-            explain::hash(&toks, &hash.settings(), salt, &mut out)
+            explain::hash(&toks, &hash.settings(), salt, lookahead, &mut out)
         }
         Cmd::Explain {
             events,

@@ -71,6 +71,40 @@ fn hash_prints_the_spec_test_vectors() {
     }
 }
 
+/// vLLM 0.33's own request hasher gave these (tokens 1..=10, hash block 4): with one lookahead
+/// token both blocks hash, with three only the first (block [4, 8) needs tokens 9..=11).
+#[test]
+fn hash_with_lookahead_prints_vllm_0_33_s_lookahead_hashes() {
+    for (lookahead, want) in [
+        ("1", &["8a35c24a38f8f50a", "361f825e09047d65"][..]),
+        ("0", &["52a7f141c60918f6", "bee96bce54f5fcab"][..]),
+        ("3", &[][..]),
+    ] {
+        let out = kvroute(&[
+            "hash",
+            "--hash-block-size",
+            "4",
+            "--lookahead",
+            lookahead,
+            "--tokens",
+            "1..11",
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let s = String::from_utf8_lossy(&out.stdout);
+        let rows: Vec<Vec<&str>> = s.lines().map(|l| l.split('\t').collect()).collect();
+        let heads: Vec<&str> = rows.iter().map(|r| &r[2][..16]).collect();
+        if lookahead == "3" {
+            assert_eq!(rows.len(), 1, "{s}");
+            assert_eq!(rows[0][0], "0");
+        } else {
+            assert_eq!(heads, want, "L={lookahead}");
+            // Index, the 64-bit value (the digest's last 8 bytes), the digest: as without.
+            let tail = u64::from_str_radix(&rows[1][2][48..], 16).unwrap();
+            assert_eq!(rows[1][1], tail.to_string());
+        }
+    }
+}
+
 #[test]
 fn decoded_events_explain_a_recorded_request_like_the_engine_served_it() {
     let dir = repo().join("conformance/corpus/gemma3-basic");
