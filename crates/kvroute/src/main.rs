@@ -8,6 +8,7 @@ use kvroute::gateway::policy::PolicyKind;
 use kvroute::gateway::Gateway;
 use kvroute::{capture, conformance, events, explain, tokens};
 
+mod bench_cmd;
 mod sim;
 
 use anyhow::{bail, Context, Result};
@@ -110,6 +111,9 @@ enum Cmd {
     Serve(ServeArgs),
     /// Simulated hybrid fleet + gateway + the bundled Mooncake trace, once per policy: a table and a plot.
     Demo(DemoArgs),
+    /// Replay a workload against OpenAI-compatible targets (kvroute, SMG, vllm-router, vLLM) and
+    /// compare reuse, the arrival-time oracle, TTFT and throughput side by side.
+    Bench(bench_cmd::BenchArgs),
     /// Run a simulated hybrid vLLM engine (kvroute-sim): real KV events and OpenAI API.
     SimWorker(sim::SimWorkerArgs),
     /// Replay recorded corpora and check every prediction against the engine's own hit.
@@ -435,6 +439,7 @@ async fn main() -> Result<()> {
             };
             kvroute::demo::run(opts).await.map(|_| ())
         }
+        Cmd::Bench(a) => kvroute::bench::run(a.options()?).await.map(|_| ()),
         Cmd::SimWorker(a) => sim::run(a).await,
         Cmd::Events {
             cmd:

@@ -1,0 +1,446 @@
+//! `kvroute bench`: a load generator for any OpenAI-compatible endpoint — kvroute, SMG,
+//! vllm-router, a bare vLLM or a simulated engine — that replays a workload open-loop and
+//! reports reuse against the arrival-time oracle, TTFT, inter-token and end-to-end latency and
+//! throughput, one target beside the other.
+//!
+//! Owns: [`BenchOptions`], [`Target`] (a URL, or `kvroute:POLICY`: an in-process gateway on a
+//! fresh simulated fleet that `--fleet PRESET,N,BLOCKS` describes), the per-target runs
+//! (targets interleaved across `--repeat` rounds, every `kvroute:` run on a fresh fleet), and
+//! the outputs (table, JSON, requests log, plot).
+//! Invariants: every target sees the same workload with the same schedule; a URL target is
+//! used as it is (the caller starts what is behind it fresh, as `bench/peers.sh` does);
+//! simulated fleets run engine time × `speedup`, so the schedule, the engine and the reported
+//! times share one clock.
+//! Must not: tune the workload or the targets to one another.
+
+pub mod client;
+pub mod report;
+pub mod workload;
+
+use crate::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+use crate::gateway::policy::PolicyKind;
+use crate::gateway::Gateway;
+use anyhow::{bail, Context, Result};
+use client::{Api, ClientOptions, PromptFormat};
+use report::TargetReport;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where requests go.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    Url(String),
+    /// A kvroute gateway with this policy, in process, in front of a fresh simulated fleet.
+    Kvroute(PolicyKind),
+}
+
+impl Target {
+    pub fn parse(s: &str) -> Result<Target> {
+        if let Some(p) = s.strip_prefix("kvroute:") {
+            let policy: PolicyKind = p
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--target {s}: {e}"))?;
+            return Ok(Target::Kvroute(policy));
+        }
+        if s.starts_with("http://") || s.starts_with("https://") {
+            return Ok(Target::Url(s.trim_end_matches('/').to_string()));
+        }
+        bail!("--target {s}: give a URL (http://host:port) or kvroute:POLICY")
+    }
+
+    pub fn label(&self) -> String {
+        match self {
+            Target::Url(u) => u.clone(),
+            Target::Kvroute(p) => format!("kvroute:{}", p.name()),
+        }
+    }
+}
+
+/// A simulated fleet the command starts itself: `PRESET,N,BLOCKS`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetSpec {
+    pub preset: String,
+    pub workers: usize,
+    /// KV cache blocks per worker (0: the preset's default).
+    pub blocks: usize,
+}
+
+impl FleetSpec {
+    pub fn parse(s: &str) -> Result<FleetSpec> {
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        let [preset, n, blocks] = parts.as_slice() else {
+            bail!("--fleet {s}: expected PRESET,WORKERS,BLOCKS (e.g. qwen3-next,4,1000)");
+        };
+        kvroute_sim::preset(preset).map_err(|e| anyhow::anyhow!("--fleet {s}: {e}"))?;
+        Ok(FleetSpec {
+            preset: preset.to_string(),
+            workers: n.parse().with_context(|| format!("--fleet {s}: workers"))?,
+            blocks: blocks
+                .parse()
+                .with_context(|| format!("--fleet {s}: blocks"))?,
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub targets: Vec<Target>,
+    pub model: Option<String>,
+    pub fleet: Option<FleetSpec>,
+    /// A built-in generator (`shared-prefix`, `multi-turn`, `agentic`, `rag`, `mooncake`).
+    pub workload: Option<String>,
+    pub trace: Option<PathBuf>,
+    pub tokens_per_block: usize,
+    pub max_prompt: Option<usize>,
+    pub max_output: u32,
+    pub seed: u64,
+    pub speedup: f64,
+    /// Sessions per second (wall, before `speedup`); rescales the workload's schedule.
+    pub rate: Option<f64>,
+    pub max_concurrency: Option<usize>,
+    pub max_requests: Option<usize>,
+    pub duration: Option<Duration>,
+    pub prompt_format: PromptFormat,
+    pub api: Api,
+    /// Tokens per block of the oracle (default: the fleet preset's hit alignment, else 16).
+    pub block_size: Option<usize>,
+    /// Engine seconds per wall second of a URL target (client times are multiplied by it).
+    pub time_scale: f64,
+    pub repeat: usize,
+    pub request_timeout: Duration,
+    pub json: Option<PathBuf>,
+    pub requests_log: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
+    pub progress: bool,
+    /// The in-process gateway's load weight and junction weight.
+    pub lambda: Option<f64>,
+    pub junction_weight: Option<f64>,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            targets: Vec::new(),
+            model: None,
+            fleet: None,
+            workload: None,
+            trace: None,
+            tokens_per_block: workload::MOONCAKE_BLOCK,
+            max_prompt: None,
+            max_output: 32,
+            seed: 1,
+            speedup: 1.0,
+            rate: None,
+            max_concurrency: None,
+            max_requests: None,
+            duration: None,
+            prompt_format: PromptFormat::Tokens,
+            api: Api::Completions,
+            block_size: None,
+            time_scale: 1.0,
+            repeat: 1,
+            request_timeout: Duration::from_secs(600),
+            json: None,
+            requests_log: None,
+            plot: None,
+            progress: true,
+            lambda: None,
+            junction_weight: None,
+        }
+    }
+}
+
+/// A fresh simulated fleet and the gateway in front of it.
+struct Running {
+    url: String,
+    gateway: crate::gateway::GatewayHandle,
+    _fleet: kvroute_sim::Fleet,
+}
+
+/// `tcp://127.0.0.1:P` → `tcp://*:P` (the simulated engine binds, so the gateway connects).
+fn as_wildcard(endpoint: &str) -> String {
+    match endpoint
+        .strip_prefix("tcp://")
+        .and_then(|r| r.rsplit_once(':'))
+    {
+        Some((_, port)) => format!("tcp://*:{port}"),
+        None => endpoint.to_string(),
+    }
+}
+
+async fn start_kvroute(o: &BenchOptions, fleet: &FleetSpec, policy: PolicyKind) -> Result<Running> {
+    let mut cfg = kvroute_sim::WorkerConfig::for_preset(&fleet.preset)?;
+    cfg.speedup = o.speedup;
+    if fleet.blocks > 0 {
+        cfg.engine.num_blocks = fleet.blocks as u32;
+    }
+    let sims =
+        kvroute_sim::Fleet::start(kvroute_sim::FleetOptions::new(cfg, fleet.workers)).await?;
+    let mut g = GatewayConfig {
+        listen: "127.0.0.1:0".parse()?,
+        admin_listen: "127.0.0.1:0".parse()?,
+        policy,
+        health_interval_secs: 0.5,
+        ..GatewayConfig::default()
+    };
+    if let Some(l) = o.lambda {
+        g.weights.lambda = l;
+    }
+    if let Some(j) = o.junction_weight {
+        g.weights.junction = j;
+    }
+    for w in &sims.workers {
+        let mut spec = WorkerSpec::new(&w.name, &w.base_url, &fleet.preset);
+        spec.kv_events = Some(KvEventsSpec {
+            endpoint: w.zmq.first().map(|e| as_wildcard(e)).unwrap_or_default(),
+            replay_endpoint: w.replay.first().map(|e| as_wildcard(e)),
+            topic: String::new(),
+            host: Some("127.0.0.1".into()),
+            dialect: "vllm".into(),
+        });
+        g.workers.push(spec);
+    }
+    let gateway = Gateway::start(g).await?;
+    // Let the subscriptions connect before the first request.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(Running {
+        url: format!("http://{}", gateway.addr),
+        gateway,
+        _fleet: sims,
+    })
+}
+
+fn shape(o: &BenchOptions) -> Result<workload::Shape> {
+    let spec = o
+        .fleet
+        .as_ref()
+        .map(|f| kvroute_sim::preset(&f.preset))
+        .transpose()?;
+    let vocab = spec.as_ref().map_or(32_000, |m| m.vocab_size);
+    let model_len = spec.as_ref().map_or(8192, |m| m.max_model_len as usize);
+    let max_prompt = o
+        .max_prompt
+        .unwrap_or_else(|| model_len.saturating_sub(o.max_output as usize + 8));
+    Ok(workload::Shape {
+        vocab,
+        max_prompt: max_prompt.max(1),
+        max_output: o.max_output.max(1),
+        seed: o.seed,
+    })
+}
+
+fn block_size(o: &BenchOptions) -> usize {
+    o.block_size
+        .or_else(|| {
+            o.fleet
+                .as_ref()
+                .and_then(|f| kvroute_sim::preset(&f.preset).ok())
+                .and_then(|m| m.params().ok())
+                .map(|p| p.align as usize)
+        })
+        .unwrap_or(16)
+}
+
+fn validate(o: &BenchOptions) -> Result<()> {
+    if o.targets.is_empty() {
+        bail!("give at least one --target (a URL, or kvroute:POLICY with --fleet)");
+    }
+    if o.targets.iter().any(|t| matches!(t, Target::Kvroute(_))) && o.fleet.is_none() {
+        bail!("kvroute:POLICY targets need --fleet PRESET,WORKERS,BLOCKS");
+    }
+    if o.api == Api::Chat && o.prompt_format == PromptFormat::Tokens {
+        bail!("--api chat sends text: use --prompt-format text");
+    }
+    if !(o.speedup.is_finite() && o.speedup > 0.0) {
+        bail!("--speedup must be positive");
+    }
+    Ok(())
+}
+
+/// Runs every target (`repeat` rounds, targets interleaved); returns one report per target.
+pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
+    validate(&o)?;
+    let shape = shape(&o)?;
+    let mut w = workload::build(
+        o.workload.as_deref(),
+        o.trace.as_deref(),
+        o.tokens_per_block,
+        &shape,
+    )?;
+    if let Some(r) = o.rate {
+        w.rescale_to_rate(r);
+    }
+    w.truncate(
+        o.max_requests,
+        o.duration.map(|d| d.as_secs_f64() * 1000.0 * o.speedup),
+    );
+    let block = block_size(&o);
+    let planned = o.max_requests.map_or(w.requests(), |m| m.min(w.requests()));
+    let rounds = o.repeat.max(1);
+    let bar = if o.progress {
+        indicatif::ProgressBar::new((planned * o.targets.len() * rounds) as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg:<24} [{bar:40}] {pos}/{len} requests ({elapsed})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    eprintln!(
+        "kvroute bench: {} ({} sessions, {} requests), {} target(s) × {rounds}, arrivals ×{}{}",
+        w.name,
+        w.sessions.len(),
+        planned,
+        o.targets.len(),
+        o.speedup,
+        o.fleet
+            .as_ref()
+            .map(|f| format!(", fleet {} × {} (blocks {})", f.workers, f.preset, f.blocks))
+            .unwrap_or_default()
+    );
+    let mut per_target: Vec<Vec<TargetReport>> = vec![Vec::new(); o.targets.len()];
+    let mut log = Vec::new();
+    for round in 0..rounds {
+        for (t, out) in o.targets.iter().zip(per_target.iter_mut()) {
+            bar.set_message(t.label());
+            let (url, running, time_scale) = match t {
+                Target::Url(u) => (u.clone(), None, o.time_scale),
+                Target::Kvroute(p) => {
+                    let f = o.fleet.as_ref().context("kvroute targets need --fleet")?;
+                    let r = start_kvroute(&o, f, *p).await?;
+                    (r.url.clone(), Some(r), o.speedup)
+                }
+            };
+            let model = match (&o.model, &o.fleet) {
+                (Some(m), _) => m.clone(),
+                (None, Some(f)) => f.preset.clone(),
+                (None, None) => discover_model(&url).await.unwrap_or_default(),
+            };
+            let copts = ClientOptions {
+                url,
+                model,
+                api: o.api,
+                format: o.prompt_format,
+                vocab: shape.vocab,
+                speedup: o.speedup,
+                max_concurrency: o.max_concurrency,
+                max_requests: o.max_requests,
+                duration: o.duration,
+                request_timeout: o.request_timeout,
+                explain: matches!(t, Target::Kvroute(_)),
+            };
+            let (outcomes, wall) = client::drive(&w, copts, bar.clone()).await;
+            if let Some(r) = running {
+                r.gateway.shutdown().await;
+            }
+            let rep = report::summarize(&t.label(), &w.name, &outcomes, block, wall, time_scale);
+            if o.requests_log.is_some() {
+                let oracle = report::oracle(&outcomes, block);
+                for (oc, or) in outcomes.iter().zip(oracle) {
+                    log.extend(report::log_line(&t.label(), round, oc, or)?);
+                }
+            }
+            out.push(rep);
+        }
+    }
+    bar.finish_and_clear();
+    let reports: Vec<TargetReport> = per_target.into_iter().filter_map(report::combine).collect();
+    println!("{}", report::table(&reports));
+    write_outputs(&o, &reports, &log, &w.name)?;
+    Ok(reports)
+}
+
+/// The first model a target lists on `/v1/models`.
+async fn discover_model(url: &str) -> Option<String> {
+    let v: serde_json::Value = reqwest::get(format!("{url}/v1/models"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    v.get("data")?
+        .get(0)?
+        .get("id")?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn write_outputs(
+    o: &BenchOptions,
+    reports: &[TargetReport],
+    log: &[u8],
+    workload: &str,
+) -> Result<()> {
+    if let Some(j) = &o.json {
+        let doc = serde_json::json!({
+            "workload": workload,
+            "fleet": o.fleet.as_ref().map(|f| serde_json::json!({"preset": f.preset, "workers": f.workers, "blocks": f.blocks})),
+            "speedup": o.speedup,
+            "oracle_block_size": block_size(o),
+            "targets": reports,
+        });
+        std::fs::write(j, serde_json::to_vec_pretty(&doc)?)
+            .with_context(|| format!("writing {}", j.display()))?;
+        println!("json: {}", j.display());
+    }
+    if let Some(p) = &o.requests_log {
+        std::fs::write(p, log).with_context(|| format!("writing {}", p.display()))?;
+        println!("requests log: {}", p.display());
+    }
+    if let Some(p) = &o.plot {
+        let rows: Vec<crate::demo::report::PolicyResult> = reports
+            .iter()
+            .map(|r| crate::demo::report::PolicyResult {
+                policy: r.target.clone(),
+                reuse: r.reuse,
+                prediction_error: 0.0,
+                prediction_exact: 0.0,
+                ttft_p50_ms: r.ttft_p50_ms,
+                ttft_p99_ms: r.ttft_p99_ms,
+                throughput_rps: r.throughput_rps,
+                requests: r.requests,
+                failed: r.failed,
+                per_worker: Default::default(),
+                spread: None,
+            })
+            .collect();
+        let title = format!("kvroute bench: {workload}");
+        let svg = p.with_extension("svg");
+        let png = p.with_extension("png");
+        std::fs::write(&svg, crate::demo::plot::svg(&rows, &title))
+            .with_context(|| format!("writing {}", svg.display()))?;
+        crate::demo::plot::png(&rows, &title, &png)
+            .with_context(|| format!("writing {}", png.display()))?;
+        println!("plot: {} and {}", svg.display(), png.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_and_fleets_parse_or_say_why_not() {
+        assert_eq!(
+            Target::parse("http://h:1/").unwrap(),
+            Target::Url("http://h:1".into())
+        );
+        assert_eq!(
+            Target::parse("kvroute:group-blind").unwrap(),
+            Target::Kvroute(PolicyKind::GroupBlind)
+        );
+        assert!(Target::parse("kvroute:nope").is_err());
+        assert!(Target::parse("h:1").is_err());
+        let f = FleetSpec::parse("qwen3-next,4,1000").unwrap();
+        assert_eq!(
+            (f.preset.as_str(), f.workers, f.blocks),
+            ("qwen3-next", 4, 1000)
+        );
+        assert!(FleetSpec::parse("qwen3-next,4").is_err());
+        assert!(FleetSpec::parse("no-such-model,4,10").is_err());
+    }
+}

@@ -1,0 +1,154 @@
+//! `kvroute bench`'s command line: flags in the spellings load generators use, turned into
+//! [`kvroute::bench::BenchOptions`].
+//!
+//! Owns: `BenchArgs` and its validation.
+//! Must not: run anything itself (that is `kvroute::bench`).
+
+use anyhow::{bail, Result};
+use clap::Args;
+use kvroute::bench::client::{Api, PromptFormat};
+use kvroute::bench::{BenchOptions, FleetSpec, Target};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Where to send requests: a URL (kvroute, SMG, vllm-router, vLLM, a simulated worker), or
+    /// kvroute:POLICY (an in-process gateway on a fresh --fleet). Repeat for a side-by-side table.
+    #[arg(long = "target", required = true)]
+    targets: Vec<String>,
+    /// The model name to request (default: the fleet's preset, else the target's first model).
+    #[arg(long)]
+    model: Option<String>,
+    /// Start simulated workers for kvroute:POLICY targets: PRESET,WORKERS,BLOCKS (a fresh
+    /// fleet for every run).
+    #[arg(long)]
+    fleet: Option<String>,
+    /// A built-in workload: mooncake (the bundled trace), shared-prefix, multi-turn, agentic, rag.
+    #[arg(long)]
+    workload: Option<String>,
+    /// A Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Tokens per trace block id (the Mooncake trace's own is 512).
+    #[arg(long, default_value_t = 512)]
+    tokens_per_block: usize,
+    /// Longest prompt (default: the fleet model's length minus the output, else 8,192).
+    #[arg(long)]
+    max_prompt: Option<usize>,
+    /// Output tokens per request (at most; traces give their own below this).
+    #[arg(long, default_value_t = 32)]
+    max_output: u32,
+    /// Seed of the built-in generators.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Arrivals (and a --fleet's engine) this many times faster than the schedule.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Sessions per second: rescale the schedule to this mean arrival rate (before --speedup).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// At most this many requests in flight (a closed cap on the open loop).
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// Send at most this many requests per target.
+    #[arg(long)]
+    max_requests: Option<usize>,
+    /// Stop sending after this many seconds (wall) per target.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// tokens: token-id prompts; text: text the target tokenizes (SMG takes text only).
+    #[arg(long, default_value = "tokens")]
+    prompt_format: String,
+    /// completions | chat
+    #[arg(long, default_value = "completions")]
+    api: String,
+    /// The oracle's block size (default: the fleet preset's hit alignment, else 16).
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Engine seconds per wall second behind a URL target (e.g. a simulated fleet started with
+    /// --speedup S): client-measured times are multiplied by it.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Runs per target (targets interleaved, fresh fleets); the table shows means and ranges.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// One JSON line per request (target, session, turn, times, cached and oracle tokens).
+    #[arg(long)]
+    requests_log: Option<PathBuf>,
+    /// Plot path without extension (.svg and .png).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// The in-process gateway's λ and μ (default: the gateway's own).
+    #[arg(long)]
+    lambda: Option<f64>,
+    #[arg(long)]
+    junction_weight: Option<f64>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn positive_secs(v: f64, flag: &str) -> Result<Duration> {
+    if v.is_finite() && v > 0.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        bail!("{flag} must be a positive number of seconds")
+    }
+}
+
+impl BenchArgs {
+    pub fn options(self) -> Result<BenchOptions> {
+        let targets = self
+            .targets
+            .iter()
+            .map(|t| Target::parse(t))
+            .collect::<Result<Vec<_>>>()?;
+        let prompt_format = match self.prompt_format.as_str() {
+            "tokens" => PromptFormat::Tokens,
+            "text" => PromptFormat::Text,
+            other => bail!("--prompt-format {other}: use tokens or text"),
+        };
+        let api = match self.api.as_str() {
+            "completions" => Api::Completions,
+            "chat" => Api::Chat,
+            other => bail!("--api {other}: use completions or chat"),
+        };
+        Ok(BenchOptions {
+            targets,
+            model: self.model,
+            fleet: self.fleet.as_deref().map(FleetSpec::parse).transpose()?,
+            workload: self.workload,
+            trace: self.trace,
+            tokens_per_block: self.tokens_per_block.max(1),
+            max_prompt: self.max_prompt,
+            max_output: self.max_output,
+            seed: self.seed,
+            speedup: self.speedup,
+            rate: self.rate,
+            max_concurrency: self.max_concurrency,
+            max_requests: self.max_requests,
+            duration: self
+                .duration
+                .map(|d| positive_secs(d, "--duration"))
+                .transpose()?,
+            prompt_format,
+            api,
+            block_size: self.block_size,
+            time_scale: self.time_scale,
+            repeat: self.repeat,
+            request_timeout: positive_secs(self.timeout, "--timeout")?,
+            json: self.json,
+            requests_log: self.requests_log,
+            plot: self.plot,
+            progress: !self.quiet,
+            lambda: self.lambda,
+            junction_weight: self.junction_weight,
+        })
+    }
+}

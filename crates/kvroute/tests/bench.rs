@@ -1,0 +1,296 @@
+//! `kvroute bench` over real sockets: its figures equal hand-computed ones against a simulated
+//! worker, it keeps the arrival schedule against a slow target, and it counts every failure
+//! class; multi-turn sessions send the reply back and reuse it.
+
+use axum::body::Body;
+use axum::response::Response;
+use axum::routing::post;
+use bytes::Bytes;
+use kvroute::bench::client::{drive, Api, ClientOptions, PromptFormat};
+use kvroute::bench::workload::{Session, Turn, Workload};
+use kvroute::bench::{report, BenchOptions, Target};
+use kvroute_sim::tokens::FIRST_WORD;
+use std::time::Duration;
+
+fn options(url: &str) -> ClientOptions {
+    ClientOptions {
+        url: url.to_string(),
+        model: "m".into(),
+        api: Api::Completions,
+        format: PromptFormat::Tokens,
+        vocab: 32_000,
+        speedup: 1.0,
+        max_concurrency: None,
+        max_requests: None,
+        duration: None,
+        request_timeout: Duration::from_secs(10),
+        explain: false,
+    }
+}
+
+fn single(start_ms: f64, user: Vec<u32>) -> Session {
+    Session {
+        start_ms,
+        system: Vec::new(),
+        turns: vec![Turn {
+            user,
+            max_tokens: 4,
+            think_ms: 0.0,
+            branches: Vec::new(),
+        }],
+    }
+}
+
+async fn sim_worker(preset: &str) -> kvroute_sim::Fleet {
+    let mut cfg = kvroute_sim::WorkerConfig::for_preset(preset).unwrap();
+    cfg.speedup = 100.0;
+    kvroute_sim::Fleet::start(kvroute_sim::FleetOptions::new(cfg, 1))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_report_equals_hand_computed_figures_on_a_tiny_trace() {
+    let sims = sim_worker("llama").await;
+    let dir = std::env::temp_dir().join(format!("kvroute-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("tiny.jsonl");
+    // 32 tokens per block id; llama hashes 16-token blocks.
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [7, 8]}\n\
+         {\"timestamp\": 400, \"input_length\": 1536, \"output_length\": 2, \"hash_ids\": [7, 8, 9]}\n\
+         {\"timestamp\": 800, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [7, 8]}\n",
+    )
+    .unwrap();
+    let json = dir.join("out.json");
+    let opts = BenchOptions {
+        targets: vec![Target::Url(sims.workers[0].base_url.clone())],
+        model: Some("llama".into()),
+        trace: Some(trace),
+        tokens_per_block: 32,
+        block_size: Some(16),
+        json: Some(json.clone()),
+        progress: false,
+        ..BenchOptions::default()
+    };
+    let reports = kvroute::bench::run(opts).await.unwrap();
+    let r = &reports[0];
+    assert_eq!((r.requests, r.failed), (3, 0));
+    // 64, 96 and 64 prompt tokens; the second reuses both 32-token blocks (64), the third
+    // reuses 48 (a hit stops below the last prompt token, at a 16-token block).
+    assert_eq!((r.prompt_tokens, r.cached_tokens), (224, 112));
+    assert_eq!(r.reuse, 0.5);
+    assert_eq!(r.oracle_reuse, 0.5);
+    assert_eq!(r.oracle_share, 1.0);
+    assert_eq!(r.ttft_source, "engine");
+    assert!(r.ttft_p50_ms > 0.0 && r.ttft_p99_ms >= r.ttft_p50_ms);
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let t = &doc["targets"][0];
+    for key in [
+        "requests",
+        "failed",
+        "reuse",
+        "oracle_reuse",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "throughput_rps",
+    ] {
+        assert!(t.get(key).is_some(), "the JSON has {key}");
+    }
+    assert_eq!(t["cached_tokens"], 112);
+}
+
+/// A target that answers after `delay`, streaming one token.
+async fn slow_target(delay: Duration) -> String {
+    let app = axum::Router::new().route(
+        "/v1/completions",
+        post(move || async move {
+            tokio::time::sleep(delay).await;
+            let body = "data: {\"choices\":[{\"text\":\" ba\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n";
+            Response::new(Body::from(body))
+        }),
+    );
+    serve(app).await
+}
+
+async fn serve(app: axum::Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn arrivals_keep_the_schedule_when_the_target_is_slow() {
+    let url = slow_target(Duration::from_millis(1500)).await;
+    let w = Workload {
+        name: "t".into(),
+        sessions: (0..6)
+            .map(|i| single(i as f64 * 100.0, vec![FIRST_WORD; 3]))
+            .collect(),
+    };
+    let (outs, wall) = drive(&w, options(&url), indicatif::ProgressBar::hidden()).await;
+    assert_eq!(outs.len(), 6);
+    let mut sent: Vec<(usize, f64)> = outs.iter().map(|o| (o.session, o.sent_at_s)).collect();
+    sent.sort_by_key(|s| s.0);
+    for (i, at) in sent {
+        let want = i as f64 * 0.1;
+        assert!(
+            (at - want).abs() < 0.08,
+            "request {i} sent at {at:.3}s, scheduled {want:.3}s"
+        );
+    }
+    assert!(
+        wall < 2.9,
+        "six 1.5 s requests overlapped (took {wall:.2}s)"
+    );
+    assert!(outs.iter().all(|o| o.failure.is_none()));
+}
+
+/// Answers by the prompt's first token: 0 → 500, 1 → 429, 2 → half a stream, 3 → hangs,
+/// 4 → a stream without `[DONE]`, else a good stream.
+async fn faulty_target() -> String {
+    let app = axum::Router::new().route(
+        "/v1/completions",
+        post(|body: Bytes| async move {
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let first = (v["prompt"][0].as_u64().unwrap_or(0) as u32).wrapping_sub(FIRST_WORD);
+            let good = "data: {\"choices\":[{\"text\":\" ba\"}]}\n\ndata: [DONE]\n\n";
+            match first {
+                0 => Response::builder()
+                    .status(500)
+                    .body(Body::from("{}"))
+                    .unwrap(),
+                1 => Response::builder()
+                    .status(429)
+                    .body(Body::from("{}"))
+                    .unwrap(),
+                2 => {
+                    // One chunk, then the worker dies mid-stream.
+                    let s = futures_util::stream::unfold(0, |k| async move {
+                        match k {
+                            0 => Some((
+                                Ok(Bytes::from_static(
+                                    b"data: {\"choices\":[{\"text\":\" ba\"}]}\n\n",
+                                )),
+                                1,
+                            )),
+                            1 => {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                Some((Err(std::io::Error::other("worker died")), 2))
+                            }
+                            _ => None,
+                        }
+                    });
+                    Response::new(Body::from_stream(s))
+                }
+                3 => {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    Response::new(Body::from(good))
+                }
+                4 => Response::new(Body::from("data: {\"choices\":[{\"text\":\" ba\"}]}\n\n")),
+                _ => Response::new(Body::from(good)),
+            }
+        }),
+    );
+    serve(app).await
+}
+
+#[tokio::test]
+async fn every_failure_class_is_counted() {
+    let url = faulty_target().await;
+    let w = Workload {
+        name: "faults".into(),
+        sessions: (0..6)
+            .map(|k| single(0.0, vec![FIRST_WORD + k, FIRST_WORD]))
+            .collect(),
+    };
+    let mut o = options(&url);
+    o.request_timeout = Duration::from_millis(800);
+    let (outs, wall) = drive(&w, o, indicatif::ProgressBar::hidden()).await;
+    let r = report::summarize("faulty", "faults", &outs, 16, wall, 1.0);
+    assert_eq!(r.requests, 6);
+    assert_eq!(r.failed, 5);
+    let want: Vec<(&str, usize)> = vec![
+        ("http_429", 1),
+        ("http_500", 1),
+        ("incomplete", 1),
+        ("stream", 1),
+        ("timeout", 1),
+    ];
+    let got: Vec<(&str, usize)> = r.failures.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    assert_eq!(got, want);
+    // Nobody listening at all.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let w1 = Workload {
+        name: "c".into(),
+        sessions: vec![single(0.0, vec![FIRST_WORD + 5])],
+    };
+    let (outs, _) = drive(&w1, options(&closed), indicatif::ProgressBar::hidden()).await;
+    assert_eq!(outs[0].failure.as_deref(), Some("connect"));
+}
+
+#[tokio::test]
+async fn a_multi_turn_session_sends_its_replies_back_and_reuses_them() {
+    let sims = sim_worker("llama").await;
+    let turn = |user: Vec<u32>| Turn {
+        user,
+        max_tokens: 8,
+        think_ms: 50.0,
+        branches: Vec::new(),
+    };
+    let w = Workload {
+        name: "mt".into(),
+        sessions: vec![Session {
+            start_ms: 0.0,
+            system: (0..40).map(|i| FIRST_WORD + i).collect(),
+            turns: vec![
+                turn((100..140).map(|i| FIRST_WORD + i).collect()),
+                turn((200..230).map(|i| FIRST_WORD + i).collect()),
+                turn((300..310).map(|i| FIRST_WORD + i).collect()),
+            ],
+        }],
+    };
+    for (api, format) in [
+        (Api::Completions, PromptFormat::Tokens),
+        (Api::Completions, PromptFormat::Text),
+        (Api::Chat, PromptFormat::Text),
+    ] {
+        sims.workers[0].worker.reset_prefix_cache();
+        let mut o = options(&sims.workers[0].base_url);
+        o.api = api;
+        o.format = format;
+        let (mut outs, _) = drive(&w, o, indicatif::ProgressBar::hidden()).await;
+        outs.sort_by_key(|o| o.turn);
+        assert_eq!(outs.len(), 3, "{api:?} {format:?}");
+        for (k, o) in outs.iter().enumerate() {
+            assert!(
+                o.failure.is_none(),
+                "{api:?} {format:?} turn {k}: {:?}",
+                o.failure
+            );
+            assert_eq!(
+                o.prompt_tokens as usize,
+                o.tokens.len(),
+                "the engine saw the prompt we meant"
+            );
+        }
+        // Each turn's prompt starts with the previous prompt and its reply.
+        for k in 1..3 {
+            let prev = &outs[k - 1];
+            assert!(outs[k].tokens.len() > prev.tokens.len() + 8);
+            let cached = outs[k].cached_tokens.unwrap();
+            let whole = (prev.tokens.len() as u64) / 16 * 16;
+            assert!(
+                cached >= whole,
+                "{api:?} {format:?} turn {k} reused {cached} of the previous {whole}"
+            );
+        }
+    }
+}
