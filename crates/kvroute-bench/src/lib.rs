@@ -231,6 +231,7 @@ impl Fleet {
                             extra_keys: None,
                             lora_id: None,
                             lora_name: None,
+                            lookahead_token_ids: None,
                         })
                     });
                 }

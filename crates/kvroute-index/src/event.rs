@@ -198,6 +198,10 @@ pub struct Stored {
     pub lora_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_name: Option<String>,
+    /// vLLM 0.33 with lookahead hashes: per hash, the tokens right after its block that its
+    /// hash covers (every entry `num_hash_lookahead_tokens` long); absent without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookahead_token_ids: Option<Vec<Vec<u32>>>,
 }
 
 /// Blocks left a group's prefix cache (one copy each).
@@ -255,6 +259,7 @@ impl Stored {
             extra_keys: None,
             lora_id: None,
             lora_name: None,
+            lookahead_token_ids: None,
         }
     }
 }
@@ -366,6 +371,7 @@ mod tests {
             extra_keys: Some(vec![None, Some(KeyValue::Str("salt".into()))]),
             lora_id: None,
             lora_name: None,
+            lookahead_token_ids: Some(vec![vec![4], vec![9]]),
         });
         let line = serde_json::to_string(&e).unwrap();
         let back: Event = serde_json::from_str(&line).unwrap();

@@ -2,7 +2,8 @@
 //!
 //! Owns: applying one normalized event to one rank (stores, removals, clears; device tier vs
 //! offload tiers; layout learning and layout changes; content-key placement; the live hash
-//! check), the per-rank statistics, and the rank's `Plan` (params and lookups) for predictions.
+//! check, with vLLM 0.33's lookahead tokens when a store carries them), the per-rank
+//! statistics, and the rank's `Plan` (params and lookups) for predictions.
 //! Invariants: only device-tier blocks reach the group holders; a removal takes one copy; a
 //! clear empties every device group but keeps the layout; a kind change clears the rank first;
 //! `plan` always equals `layout.plan(&config.lookup)` (recomputed on every layout or
@@ -578,9 +579,12 @@ impl RankState {
                     k.is_none() || (i == 0 && ev.parent.is_none() && first_salt(ev).is_some())
                 }),
             };
+        // vLLM 0.33's lookahead hashes: the tokens after each block, one entry per hash.
+        let lookahead = ev.lookahead_token_ids.as_deref();
         let dense = ev.block_size as usize == h
             && !ev.hashes.is_empty()
-            && ev.hashes.len() * h == ev.token_ids.len();
+            && ev.hashes.len() * h == ev.token_ids.len()
+            && lookahead.is_none_or(|l| l.len() == ev.hashes.len());
         let parent: Option<Option<Digest>> = match &ev.parent {
             None => Some(None),
             Some(p) => match &p.raw {
@@ -616,7 +620,10 @@ impl RankState {
         let mut computed = Vec::with_capacity(ev.hashes.len());
         for (i, (block, got)) in ev.token_ids.chunks_exact(h).zip(&ev.hashes).enumerate() {
             let idx = if ev.parent.is_none() { i } else { i + 1 };
-            let d = hasher.hash_block(parent.as_ref(), block, &extras, idx);
+            let after = lookahead
+                .and_then(|l| l.get(i))
+                .map_or(&[][..], Vec::as_slice);
+            let d = hasher.hash_block_lookahead(parent.as_ref(), block, &extras, idx, after);
             let matches = match &got.raw {
                 Some(raw) => raw.as_ref() == d.as_slice() || hash::external(&d) == got.value,
                 None => hash::external(&d) == got.value,

@@ -27,6 +27,7 @@ fn dense_store(
         extra_keys: None,
         lora_id: None,
         lora_name: None,
+        lookahead_token_ids: None,
     })
 }
 

@@ -83,6 +83,7 @@ fn stored(worker: &str, rank: u32, group: u32, g: &Group, block: u32, hashes: Ve
         extra_keys: None,
         lora_id: None,
         lora_name: None,
+        lookahead_token_ids: None,
     })
 }
 

@@ -364,6 +364,7 @@ impl BlockPool {
             },
             lora_id: None,
             lora_name: req.extras.lora.as_ref().map(|(n, _)| n.clone()),
+            lookahead_token_ids: None,
         }));
     }
 
@@ -419,6 +420,7 @@ impl BlockPool {
                 extra_keys: Some(vec![req.event_extra_keys(start)]),
                 lora_id: None,
                 lora_name: req.extras.lora.as_ref().map(|(n, _)| n.clone()),
+                lookahead_token_ids: None,
             }));
         }
         Some(key)

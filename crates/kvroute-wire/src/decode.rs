@@ -1,8 +1,9 @@
 //! Decoding one msgpack event batch into normalized [`Event`]s.
 //!
 //! Owns: [`decode_batch`] / [`decode_batch_with`] and [`DecodedBatch`]: the batch layouts
-//! `[ts, events, dp_rank]` and `[ts, events]`, events as tagged maps or positional arrays,
-//! hash normalization and the validation rules of docs/wire.md.
+//! `[ts, events, dp_rank]` and `[ts, events]`, events as tagged maps or positional arrays
+//! (vLLM 0.32's fields and 0.33's `lookahead_token_ids`), hash normalization and the
+//! validation rules of docs/wire.md.
 //! Invariants: a batch is checked structurally before any event is decoded, so it is delivered
 //! whole (minus individually dropped events/fields) or not at all; each event either becomes
 //! exactly one [`Event`] or one [`Dropped`] with an event-costing reason; a field-costing
@@ -185,10 +186,11 @@ enum F {
     Ownership,
     SessionId,
     CacheSalt,
+    Lookahead,
 }
-const NF: usize = 15;
+const NF: usize = 16;
 
-const STORED_POSITIONS: [F; 14] = [
+const STORED_POSITIONS: [F; 15] = [
     F::BlockHashes,
     F::Parent,
     F::TokenIds,
@@ -203,6 +205,7 @@ const STORED_POSITIONS: [F; 14] = [
     F::Locality,
     F::Ownership,
     F::SessionId,
+    F::Lookahead,
 ];
 const REMOVED_POSITIONS: [F; 5] = [
     F::BlockHashes,
@@ -231,6 +234,7 @@ fn field_by_name(key: &[u8], dialect: Dialect) -> Option<F> {
         b"locality" => F::Locality,
         b"ownership" => F::Ownership,
         b"session_id" => F::SessionId,
+        b"lookahead_token_ids" => F::Lookahead,
         b"cache_salt" if dialect == Dialect::Sglang => F::CacheSalt,
         _ => return None,
     })
@@ -374,6 +378,7 @@ impl Ctx<'_, '_> {
             }
         };
         let lora_name = self.opt_string(f, F::LoraName, DropReason::InvalidLoraName, "lora_name");
+        let lookahead_token_ids = self.lookahead(f, hashes.len());
         self.check_lenient(f);
         let extra_keys = match (extra_keys, self.salt(f)) {
             (None, Some(salt)) => Some(vec![Some(KeyValue::Str(salt)); hashes.len()]),
@@ -393,6 +398,7 @@ impl Ctx<'_, '_> {
             extra_keys,
             lora_id,
             lora_name,
+            lookahead_token_ids,
         })
     }
 
@@ -555,6 +561,70 @@ impl Ctx<'_, '_> {
             }
         }
         Ok(out)
+    }
+
+    /// `lookahead_token_ids` (vLLM 0.33): one list per hash of the tokens after its block, all
+    /// of one length `L ≥ 1` (the engine's `num_hash_lookahead_tokens`), at most
+    /// `max_tokens_per_event` in all. Any problem costs the field.
+    fn lookahead(&mut self, f: &Fields<'_>, hashes: usize) -> Option<Vec<Vec<u32>>> {
+        let (head, mut r) = f.head(F::Lookahead)?;
+        let result = (|| {
+            let Head::Array(n) = head else {
+                return Err(format!("lookahead_token_ids is {}", head.type_name()));
+            };
+            if n as usize != hashes {
+                return Err(format!(
+                    "{n} lookahead_token_ids entries for {hashes} hashes"
+                ));
+            }
+            let mut out: Vec<Vec<u32>> = Vec::with_capacity(hashes);
+            let mut total = 0usize;
+            for i in 0..hashes {
+                let entry = r.head().map_err(|e| e.to_string())?;
+                let Head::Array(len) = entry else {
+                    return Err(format!("lookahead_token_ids[{i}] is {}", describe(&entry)));
+                };
+                let len = len as usize;
+                match out.first() {
+                    _ if len == 0 => return Err(format!("lookahead_token_ids[{i}] is empty")),
+                    Some(first) if first.len() != len => {
+                        return Err(format!(
+                            "lookahead_token_ids[{i}] has {len} tokens, [0] has {}",
+                            first.len()
+                        ))
+                    }
+                    _ => {}
+                }
+                total += len;
+                if total > self.limits.max_tokens_per_event {
+                    return Err(format!(
+                        "more than {} lookahead tokens",
+                        self.limits.max_tokens_per_event
+                    ));
+                }
+                let mut tokens = Vec::with_capacity(len);
+                for j in 0..len {
+                    match r.head().map_err(|e| e.to_string())? {
+                        Head::Uint(v) if v <= u64::from(u32::MAX) => tokens.push(v as u32),
+                        other => {
+                            return Err(format!(
+                                "lookahead_token_ids[{i}][{j}] is {}",
+                                describe(&other)
+                            ))
+                        }
+                    }
+                }
+                out.push(tokens);
+            }
+            Ok(out)
+        })();
+        match result {
+            Ok(v) => Some(v),
+            Err(d) => {
+                self.field_drop(DropReason::InvalidLookaheadTokenIds, d);
+                None
+            }
+        }
     }
 
     /// `extra_keys`: one entry per hash, nil for a plain block. Any problem costs the field.

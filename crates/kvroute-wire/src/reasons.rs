@@ -158,6 +158,9 @@ reasons! {
         InvalidSessionId => "invalid_session_id";
         /// SGLang `cache_salt` neither nil nor a short UTF-8 string.
         InvalidCacheSalt => "invalid_cache_salt";
+        /// vLLM 0.33 `lookahead_token_ids` not a list of one equally long, non-empty list of
+        /// token ids (each in `[0, 2^32)`) per hash.
+        InvalidLookaheadTokenIds => "invalid_lookahead_token_ids";
         /// The batch's `ts` is not a number (the batch is kept; lag is not measured).
         InvalidTs => "invalid_ts";
     }
@@ -174,6 +177,7 @@ impl DropReason {
             | DropReason::InvalidOwnership
             | DropReason::InvalidSessionId
             | DropReason::InvalidCacheSalt
+            | DropReason::InvalidLookaheadTokenIds
             | DropReason::InvalidTs => Cost::Field,
             _ => Cost::Event,
         }

@@ -131,7 +131,8 @@ fn positional_events_of_every_length_decode_by_position() {
         (s0.group, s0.medium.as_deref(), s0.block_size),
         (None, None, 2)
     );
-    // The full 0.32 order, plus two positions from a future engine.
+    // The full 0.33 order (0.32's, then lookahead_token_ids), plus two positions from a
+    // future engine.
     let full = decode(&batch(
         vec![M::A(vec![
             s("BlockStored"),
@@ -149,6 +150,7 @@ fn positional_events_of_every_length_decode_by_position() {
             s("LOCAL"),
             s("OWNED"),
             s("sess-1"),
+            M::A(vec![M::A(vec![M::U(5)])]),
             M::Map(vec![]),
             M::B(true),
         ])],
@@ -163,6 +165,7 @@ fn positional_events_of_every_length_decode_by_position() {
         (Some(3), Some("adapter"), Some("CPU"))
     );
     assert_eq!(s1.extra_keys, Some(vec![None]));
+    assert_eq!(s1.lookahead_token_ids, Some(vec![vec![5]]));
     let rem = decode(&batch(
         vec![
             M::A(vec![

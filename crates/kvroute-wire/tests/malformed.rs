@@ -512,6 +512,76 @@ fn cases() -> Vec<Case> {
             &[("session_id", Some(M::F(1.5)))],
             D::InvalidSessionId,
         ),
+        field(
+            "lookahead_token_ids of the wrong length",
+            &[("lookahead_token_ids", Some(M::A(vec![M::A(vec![M::U(1)])])))],
+            D::InvalidLookaheadTokenIds,
+        ),
+        field(
+            "a string lookahead_token_ids",
+            &[("lookahead_token_ids", Some(s("7")))],
+            D::InvalidLookaheadTokenIds,
+        ),
+        field(
+            "a bare token as a lookahead_token_ids entry",
+            &[(
+                "lookahead_token_ids",
+                Some(M::A(vec![M::A(vec![M::U(1)]), M::U(2)])),
+            )],
+            D::InvalidLookaheadTokenIds,
+        ),
+        field(
+            "an empty lookahead_token_ids entry",
+            &[(
+                "lookahead_token_ids",
+                Some(M::A(vec![M::A(vec![]), M::A(vec![])])),
+            )],
+            D::InvalidLookaheadTokenIds,
+        ),
+        field(
+            "lookahead_token_ids entries of different lengths",
+            &[(
+                "lookahead_token_ids",
+                Some(M::A(vec![
+                    M::A(vec![M::U(1)]),
+                    M::A(vec![M::U(2), M::U(3)]),
+                ])),
+            )],
+            D::InvalidLookaheadTokenIds,
+        ),
+        field(
+            "a lookahead token past 2^32",
+            &[(
+                "lookahead_token_ids",
+                Some(M::A(vec![M::A(vec![M::U(1)]), M::A(vec![M::U(big)])])),
+            )],
+            D::InvalidLookaheadTokenIds,
+        ),
+        field(
+            "a negative lookahead token",
+            &[(
+                "lookahead_token_ids",
+                Some(M::A(vec![M::A(vec![M::U(1)]), M::A(vec![M::I(-1)])])),
+            )],
+            D::InvalidLookaheadTokenIds,
+        ),
+        Case {
+            limits: Limits {
+                max_tokens_per_event: 9,
+                ..Limits::default()
+            },
+            ..field(
+                "more lookahead tokens than the token limit",
+                &[(
+                    "lookahead_token_ids",
+                    Some(M::A(vec![
+                        M::A((0..5).map(M::U).collect()),
+                        M::A((0..5).map(M::U).collect()),
+                    ])),
+                )],
+                D::InvalidLookaheadTokenIds,
+            )
+        },
         case(
             "a string ts",
             M::A(vec![

@@ -105,6 +105,42 @@ fn hash_with_lookahead_prints_vllm_0_33_s_lookahead_hashes() {
     }
 }
 
+/// A vLLM 0.33 batch with lookahead hashes (the wire crate's msgspec fixture) decodes with each
+/// block's lookahead tokens in the normalized event.
+#[test]
+fn events_decode_shows_the_lookahead_tokens_of_a_vllm_0_33_store() {
+    let fixture = repo().join("crates/kvroute-wire/tests/data/vllm033-lookahead/batches.jsonl");
+    let text = std::fs::read_to_string(&fixture).expect("fixture");
+    let line: serde_json::Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json"))
+        .find(|v| v["name"] == "bytes-l1")
+        .expect("bytes-l1");
+    // [topic "kv", seq 0, payload], base64.
+    let frames = serde_json::json!({
+        "worker": "w0",
+        "frames": ["a3Y=", "AAAAAAAAAAA=", line["payload"]],
+    });
+    let path = std::env::temp_dir().join(format!("kvroute-cli-033-{}.jsonl", std::process::id()));
+    std::fs::write(&path, format!("{frames}\n")).expect("write frames");
+    let out = kvroute(&["events", "decode", &path.display().to_string()]);
+    let _ = std::fs::remove_file(&path);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let tokens: Vec<u64> = serde_json::from_value(line["tokens"].clone()).expect("tokens");
+    let want = format!(
+        "\"lookahead_token_ids\":[[{}],[{}],[{}]]",
+        tokens[4], tokens[8], tokens[12]
+    );
+    assert!(
+        stdout.lines().next().is_some_and(|l| l.contains(&want)),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("events_stored: 2"), "{stderr}");
+    assert!(!stderr.contains("dropped_"), "{stderr}");
+}
+
 #[test]
 fn decoded_events_explain_a_recorded_request_like_the_engine_served_it() {
     let dir = repo().join("conformance/corpus/gemma3-basic");
