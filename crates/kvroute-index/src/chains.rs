@@ -1,10 +1,12 @@
 //! One request's hash chains and its walks through the shared run store, for one prediction.
 //!
-//! Owns: the request's 64-bit chain per distinct (hash mode, hash block) — computed lazily, or
-//! given by the caller for every rank — and, per (chain, stride), each shared holder's leading
-//! blocks of it (`Runs::walk`), computed once however many ranks read them.
-//! Invariants: a chain covers every full hash block of the request's tokens; a walk's leading
-//! blocks are counted in the stride's blocks, from the request's first.
+//! Owns: the request's 64-bit chain per distinct (hash mode, hash block, lookahead count) —
+//! computed lazily, or given by the caller for every rank — and, per (chain, stride), each
+//! shared holder's leading blocks of it (`Runs::walk`), computed once however many ranks read
+//! them.
+//! Invariants: a chain covers every hash block of the request's tokens that has a hash (every
+//! full one; with `L` lookahead tokens, those ending at most `L` before the end); a walk's
+//! leading blocks are counted in the stride's blocks, from the request's first.
 //! Must not: lock anything but the digest cache (a leaf lock), or read rank state (the index
 //! passes the store it holds).
 
@@ -22,8 +24,8 @@ pub(crate) struct Chains<'q> {
     pub(crate) n_tokens: usize,
     pub(crate) skip: bool,
     source: Source<'q>,
-    /// (mode, hash block, chain) per distinct setting seen (usually one).
-    cache: Vec<(HashMode, u32, Vec<u64>)>,
+    /// (mode, hash block, lookahead count, chain) per distinct setting seen (usually one).
+    cache: Vec<(HashMode, u32, u32, Vec<u64>)>,
     /// (chain slot, stride, leading blocks per shared holder id): the request walked through
     /// the shared run store once per setting and group block size.
     walks: Vec<(usize, u32, Vec<u32>)>,
@@ -57,9 +59,9 @@ impl<'q> Chains<'q> {
         }
     }
 
-    /// The slot of the chain at (mode, h), hashing the request the first time (a given chain
-    /// is every setting's: slot `GIVEN`).
-    pub(crate) fn slot(&mut self, mode: &HashMode, h: u32) -> usize {
+    /// The slot of the chain at (mode, h) with `lookahead` lookahead tokens (vLLM 0.33),
+    /// hashing the request the first time (a given chain is every setting's: slot `GIVEN`).
+    pub(crate) fn slot(&mut self, mode: &HashMode, h: u32, lookahead: u32) -> usize {
         let (query, digests, counters) = match self.source {
             Source::Given(_) => return GIVEN,
             Source::Tokens(query, digests, counters) => (query, digests, counters),
@@ -67,24 +69,25 @@ impl<'q> Chains<'q> {
         if let Some(at) = self
             .cache
             .iter()
-            .position(|(m, hb, _)| *hb == h && m == mode)
+            .position(|(m, hb, la, _)| *hb == h && *la == lookahead && m == mode)
         {
             return at;
         }
-        // Every full hash block of the request, as vLLM's `request.block_hashes`; the rules
-        // never look past `n − 1` except EAGLE's one-unit margin.
+        // Every hash block of the request that has a hash, as vLLM's `request.block_hashes`;
+        // the rules never look past `n − 1` except EAGLE's one-unit margin.
         let toks = &query.tokens[..];
         let chain = match mode {
             HashMode::Engine { algo, seed } => {
                 let hasher = BlockHasher::new(*algo, seed);
-                let (digests, used) = digests.chain(&hasher, toks, h as usize, &query.extras, 0);
+                let (digests, used) =
+                    digests.chain(&hasher, toks, h as usize, &query.extras, lookahead as usize);
                 counters.add(Counter::DigestCacheHits, used.hits);
                 counters.add(Counter::BlocksHashed, used.hashed);
                 digests.iter().map(|d| hash::external(d).0).collect()
             }
             HashMode::ContentKey => hash::content_chain(toks, h as usize, &query.extras),
         };
-        self.cache.push((mode.clone(), h, chain));
+        self.cache.push((mode.clone(), h, lookahead, chain));
         self.cache.len() - 1
     }
 
@@ -92,7 +95,7 @@ impl<'q> Chains<'q> {
     pub(crate) fn chain_at(&self, slot: usize) -> &[u64] {
         match self.source {
             Source::Given(chain) => chain,
-            Source::Tokens(..) => self.cache.get(slot).map_or(&[][..], |(_, _, c)| c),
+            Source::Tokens(..) => self.cache.get(slot).map_or(&[][..], |(_, _, _, c)| c),
         }
     }
 

@@ -42,11 +42,12 @@ counters! {
     Predictions => "predictions",
     DigestCacheHits => "digest_cache_hits",
     BlocksHashed => "blocks_hashed",
+    LookaheadMismatch => "hash_lookahead_mismatch",
 }
 
 #[derive(Default)]
 pub struct Counters {
-    values: [AtomicU64; 19],
+    values: [AtomicU64; 20],
 }
 
 impl Counters {

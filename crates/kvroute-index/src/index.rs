@@ -409,7 +409,7 @@ impl Index {
     /// every known (worker, rank), without hashing anything: `chain[i]` must be the hash
     /// `predict_all` would compute for block `i` of the request's first `n_tokens − 1` tokens at
     /// each rank's hash block size (the caller vouches that every rank shares one hash block
-    /// size and one hash mode). The request carries no extras and reads the prefix cache.
+    /// size, one hash mode and one lookahead count, the chain hashed with it). The request carries no extras and reads the prefix cache.
     /// Equal to `predict_all_detail` for such a chain; meant for callers that hashed the
     /// request already, and for benchmarks.
     pub fn predict_all_with_chain(
@@ -498,7 +498,7 @@ pub(crate) fn predict_rank(
     // Full-attention groups live in the shared store: walk the request through it once per
     // setting and stride (every rank of a fleet usually shares one), then read each holder's
     // leading blocks from the walk.
-    let slot = chains.slot(mode, h);
+    let slot = chains.slot(mode, h, p.lookahead);
     for (spec, ids) in &plan.lookups {
         if let Some(k) = shared_stride(spec, h) {
             if ids

@@ -1,14 +1,16 @@
 //! Group layouts learned from stores, and the lookup parameters vLLM derives from them.
 //!
 //! Owns: per (worker, rank) the map group → (kind, window, block sizes seen), and the derived
-//! `Params`: hash block size `H`, alignment `A`, whether fine-grained (partial) hits apply, and
-//! the coordinator's lookup order (full-attention kinds first, identical specs together).
+//! `Params`: hash block size `H`, alignment `A`, whether fine-grained (partial) hits apply, the
+//! engine's rules (the EAGLE drop, vLLM 0.33's lookahead count), and the coordinator's lookup
+//! order (full-attention kinds first, identical specs together).
 //! `Plan` is both, derived once per layout or configuration change for the prediction's hot path.
 //! Invariants: a group's kind and window never change in place (a change is reported so the
 //! caller clears the rank); `block_size` is the largest size seen for the group, a smaller one
 //! (a partial entry at the hash block size) is kept as `partial_size`.
 //! Must not: hold any cached blocks.
 
+use crate::engine::Rules;
 use crate::event::{CacheKind, Rule};
 use serde::Serialize;
 
@@ -176,8 +178,17 @@ pub struct Params {
     pub align: u32,
     pub fine_grained: bool,
     pub unitary: bool,
-    /// EAGLE/MTP drop (from `LookupConfig::eagle`).
+    /// EAGLE/MTP drop (`LookupConfig::eagle`, unless vLLM 0.33's lookahead hashes are on).
     pub eagle: bool,
+    /// vLLM 0.33's lookahead tokens per block hash (`WorkerConfig::hash_lookahead_tokens` on a
+    /// 0.33 worker; 0 otherwise): the request is hashed with them and a hit is at most
+    /// `⌊(n − max(1, L)) / A⌋ · A`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub lookahead: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -197,15 +208,29 @@ pub struct Plan {
 }
 
 impl Layout {
-    pub fn plan(&self, cfg: &LookupConfig) -> Plan {
+    /// The plan under an engine's `rules` (`WorkerConfig::rules`).
+    pub fn plan(&self, cfg: &LookupConfig, rules: Rules) -> Plan {
         Plan {
-            params: self.params(cfg),
+            params: self.params_with(cfg, rules),
             lookups: self.lookups(),
         }
     }
 
-    /// `None` when no group is prefix-cacheable (nothing can hit).
+    /// The params under vLLM 0.32's rules (the drop from `cfg.eagle`, no lookahead); `None`
+    /// when no group is prefix-cacheable (nothing can hit).
     pub fn params(&self, cfg: &LookupConfig) -> Option<Params> {
+        self.params_with(
+            cfg,
+            Rules {
+                lookahead: 0,
+                eagle_drop: cfg.eagle,
+            },
+        )
+    }
+
+    /// The params under an engine's `rules` (which decide the drop and the lookahead; `cfg`
+    /// the rest).
+    pub fn params_with(&self, cfg: &LookupConfig, rules: Rules) -> Option<Params> {
         let cacheable: Vec<&GroupSpec> = self
             .groups
             .values()
@@ -246,7 +271,8 @@ impl Layout {
             align: u32::try_from(align).ok()?,
             fine_grained,
             unitary,
-            eagle: cfg.eagle,
+            eagle: rules.eagle_drop,
+            lookahead: rules.lookahead,
         })
     }
 

@@ -10,6 +10,7 @@ pub mod event;
 pub use event::*;
 mod chains;
 pub mod counters;
+pub mod engine;
 pub mod hash;
 pub mod holder;
 pub mod index;
@@ -19,6 +20,7 @@ pub mod rules;
 pub mod runs;
 mod sparse;
 
+pub use engine::{Engine, Rules, Speculative};
 pub use hash::{BlockExtras, HashAlgo};
 pub use index::{Detail, Index, IndexStats, Prediction, Query, RankId};
 pub use layout::{GroupSpec, Layout, LookupConfig, Params};

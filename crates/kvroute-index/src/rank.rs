@@ -6,11 +6,12 @@
 //! statistics, and the rank's `Plan` (params and lookups) for predictions.
 //! Invariants: only device-tier blocks reach the group holders; a removal takes one copy; a
 //! clear empties every device group but keeps the layout; a kind change clears the rank first;
-//! `plan` always equals `layout.plan(&config.lookup)` (recomputed on every layout or
-//! configuration change; `layout` is public for reading, and changes only through `store`).
+//! `plan` always equals `layout.plan(&config.lookup, config.rules())` (recomputed on every
+//! layout or configuration change; `layout` is public for reading, and changes only through `store`).
 //! Must not: lock anything (the index serializes access per rank) or predict.
 
 use crate::counters::{Counter, Counters};
+use crate::engine::{Engine, Rules};
 use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Rule, Stored, WorkerId};
 use crate::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
 use crate::holder::{MixBuild, Multiset, SpecSet, SPEC_SLOTS};
@@ -45,6 +46,15 @@ pub struct WorkerConfig {
     pub lookup: LookupConfig,
     /// Recompute reproducible stores and count matches and mismatches.
     pub verify_hashes: bool,
+    /// The engine generation whose rules predict this worker.
+    #[serde(default)]
+    pub engine: Engine,
+    /// vLLM 0.33's `num_hash_lookahead_tokens` (`L`): each block hash covers the `L` tokens
+    /// after the block, and matches no longer drop the EAGLE block. Only meaningful on a 0.33
+    /// engine running EAGLE-style speculation (`Speculative::hash_lookahead_tokens`); ignored
+    /// on 0.32.
+    #[serde(default)]
+    pub hash_lookahead_tokens: u32,
 }
 
 impl Default for WorkerConfig {
@@ -53,7 +63,17 @@ impl Default for WorkerConfig {
             hash: HashMode::default(),
             lookup: LookupConfig::default(),
             verify_hashes: true,
+            engine: Engine::default(),
+            hash_lookahead_tokens: 0,
         }
+    }
+}
+
+impl WorkerConfig {
+    /// The rules this worker's predictions apply (its engine's, from `lookup.eagle` and
+    /// `hash_lookahead_tokens`).
+    pub fn rules(&self) -> Rules {
+        Rules::of(self.engine, self.lookup.eagle, self.hash_lookahead_tokens)
     }
 }
 
@@ -280,7 +300,7 @@ impl RankState {
 
     fn replan(&mut self) {
         self.plan_gen += 1;
-        self.plan = self.layout.plan(&self.config.lookup);
+        self.plan = self.layout.plan(&self.config.lookup, self.config.rules());
     }
 
     /// Empties every device group (the layout stays known).
@@ -390,6 +410,7 @@ impl RankState {
                 }
                 counters.add(Counter::BlocksStored, ev.hashes.len() as u64);
                 if self.config.verify_hashes {
+                    self.check_lookahead(ev, counters);
                     self.check_hashes(ev, counters);
                 }
             }
@@ -564,6 +585,27 @@ impl RankState {
         self.groups
             .values()
             .find_map(|g| g.content.get(&engine_hash).map(|(k, _)| *k))
+    }
+
+    /// A store whose lookahead tokens (their count; 0 without) differ from the worker's
+    /// configured count: the router hashes this worker's requests otherwise than the engine
+    /// does.
+    fn check_lookahead(&mut self, ev: &Stored, counters: &Counters) {
+        if ev.hashes.is_empty() {
+            return;
+        }
+        let want = self.config.rules().lookahead as usize;
+        let got = match &ev.lookahead_token_ids {
+            None => 0,
+            Some(l) => l.first().map_or(0, Vec::len),
+        };
+        if got != want {
+            let detail = format!(
+                "a store's hashes cover {got} lookahead tokens, the worker is configured for \
+                 {want}: set the worker's engine and hash_lookahead_tokens (docs/engines.md)"
+            );
+            self.refuse(Counter::LookaheadMismatch, 1, counters, &ev.worker, &detail);
+        }
     }
 
     /// The live hash check: recompute a reproducible store and compare.

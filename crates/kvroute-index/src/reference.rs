@@ -3,7 +3,9 @@
 //! Owns: per (worker, rank, group) a plain `Vec` of hashes used as a multiset, and vLLM's hit
 //! procedure written as the engine writes it: each manager's scan as a plain loop
 //! (`find_longest_cache_hit`), and the hybrid coordinator's passes over lookups with identical
-//! specs merged, full-attention kinds first, full attention computed once then trimmed.
+//! specs merged, full-attention kinds first, full attention computed once then trimmed; under
+//! each worker's engine rules (vLLM 0.33 with `L` lookahead tokens: the request hashed with
+//! them, the hit bounded by `n − max(1, L)`, no EAGLE drop).
 //! Invariant: obviously correct before fast — no early exits beyond the engine's own, no shared
 //! code with `rules` or `holder`.
 //! Must not: be used on a hot path (every operation is linear).
@@ -134,7 +136,7 @@ impl Reference {
             return (0, 0);
         };
         let cfg = self.config(worker);
-        let Some(p) = rank.layout.params(&cfg.lookup) else {
+        let Some(p) = rank.layout.params_with(&cfg.lookup, cfg.rules()) else {
             return (0, 0);
         };
         let HashMode::Engine { algo, seed } = &cfg.hash else {
@@ -143,9 +145,15 @@ impl Reference {
         if q.tokens.is_empty() {
             return (0, 0);
         }
-        let max_len = q.tokens.len() as u64 - 1;
+        // vLLM bounds a hit by n − 1; with L lookahead tokens no block past n − L has a hash.
+        let max_len = (q.tokens.len() as u64).saturating_sub(u64::from(p.lookahead.max(1)));
         let hashes: Vec<u64> = BlockHasher::new(*algo, seed)
-            .chain(&q.tokens, p.hash_block as usize, &q.extras)
+            .chain_lookahead(
+                &q.tokens,
+                p.hash_block as usize,
+                &q.extras,
+                p.lookahead as usize,
+            )
             .iter()
             .map(|d| hash::external(d).0)
             .collect();

@@ -2,7 +2,8 @@
 //!
 //! Owns: for one (worker, rank), given the request's hash chain at the hash block size `H`,
 //! each lookup's "largest servable length ≤ max" and the coordinator's fixed point: starting at
-//! `L = n − 1` (aligned down to `A`), each lookup in order lowers `L`; full attention is computed
+//! `L = n − 1` (`n − L_la` with vLLM 0.33's `L_la ≥ 2` lookahead tokens; aligned down to `A`),
+//! each lookup in order lowers `L`; full attention is computed
 //! once and afterwards only trimmed; passes repeat until `L` stops changing.
 //! Invariants: every returned length is a multiple of `A` and ≤ the `max` it was given; a block
 //! is present only when every group of its lookup holds it.
@@ -454,10 +455,13 @@ fn eagle_coordinate(
     }
 }
 
-/// The start of the fixed point: `n − 1` aligned down to `A` (0 for an empty request).
-pub fn start_length(n: usize, align: u32) -> u64 {
-    let a = align.max(1) as u64;
-    (n as u64).saturating_sub(1) / a * a
+/// The start of the fixed point: `n − max(1, L)` aligned down to `A` (0 for a request that
+/// short), `L` the params' lookahead count: vLLM bounds a hit by `n − 1`, and with lookahead
+/// hashes no block past `n − L` has a hash.
+pub fn start_length(n: usize, p: &Params) -> u64 {
+    let a = p.align.max(1) as u64;
+    let reserve = u64::from(p.lookahead.max(1));
+    (n as u64).saturating_sub(reserve) / a * a
 }
 
 /// Per-lookup scratch of one prediction: the views, and each full-attention lookup's walk
@@ -583,7 +587,7 @@ pub fn joint(
     chunk: Option<u32>,
     evidence: bool,
 ) -> Joint {
-    let l0 = start_length(n, p.align);
+    let l0 = start_length(n, p);
     if p.eagle {
         let views: Vec<Option<View<'_>>> = lookups
             .iter()

@@ -51,8 +51,8 @@ struct HolderInfo {
 #[derive(Debug, Default)]
 pub(crate) struct Roster {
     gen: u64,
-    /// (hash mode, hash block, stride) of every walk a prediction needs.
-    walks: Vec<(HashMode, u32, u32)>,
+    /// (hash mode, hash block, lookahead count, stride) of every walk a prediction needs.
+    walks: Vec<(HashMode, u32, u32, u32)>,
     by_holder: Vec<Option<HolderInfo>>,
     /// Ranks (sorted indexes) without a shared full-attention group: always predicted.
     always: Vec<usize>,
@@ -77,7 +77,7 @@ impl Roster {
                     continue;
                 };
                 skippable |= k == 1 || !p.fine_grained;
-                let setting = (r.config.hash.clone(), p.hash_block, k);
+                let setting = (r.config.hash.clone(), p.hash_block, p.lookahead, k);
                 let walk = match roster.walks.iter().position(|w| *w == setting) {
                     Some(w) => w,
                     None => {
@@ -169,8 +169,8 @@ impl Index {
     /// hashed under the locks as before.
     pub(crate) fn prehash(&self, chains: &mut Chains<'_>) {
         let last = self.roster.lock().clone();
-        for (mode, h, _) in last.iter().flat_map(|r| r.walks.iter()) {
-            chains.slot(mode, *h);
+        for (mode, h, lookahead, _) in last.iter().flat_map(|r| r.walks.iter()) {
+            chains.slot(mode, *h, *lookahead);
         }
     }
 
@@ -183,16 +183,16 @@ impl Index {
         let mut visit: Vec<usize> = roster.always.clone();
         let mut touched: Vec<(u32, u32)> = Vec::with_capacity(64);
         let mut rows: Vec<Hit> = Vec::new();
-        for (w, (mode, h, k)) in roster.walks.iter().enumerate() {
-            let slot = chains.slot(mode, *h);
+        for (w, (mode, h, lookahead, k)) in roster.walks.iter().enumerate() {
+            let slot = chains.slot(mode, *h, *lookahead);
             touched.clear();
             walk_strided(&runs, chains.chain_at(slot), *k, &mut touched);
             rows.reserve(touched.len());
             let visited = visit.len();
             let b = (*k as u64) * (*h as u64);
-            // (alignment, most blocks a hit may use, whether a whole block is always aligned):
-            // the divisions are done once per alignment, not once per holder.
-            let mut cap: Option<(u32, u64, bool)> = None;
+            // (alignment and lookahead, most blocks a hit may use, whether a whole block is
+            // always aligned): the divisions are done once per alignment, not once per holder.
+            let mut cap: Option<((u32, u32), u64, bool)> = None;
             for &(id, blocks) in &touched {
                 let Some(Some(info)) = roster.by_holder.get(id as usize) else {
                     continue;
@@ -204,11 +204,13 @@ impl Index {
                     Some(p) => {
                         let a = p.align.max(1) as u64;
                         let (most, whole) = match cap {
-                            Some((align, most, whole)) if align == p.align => (most, whole),
+                            Some((key, most, whole)) if key == (p.align, p.lookahead) => {
+                                (most, whole)
+                            }
                             _ => {
-                                let most = start_length(n_tokens, p.align) / b;
+                                let most = start_length(n_tokens, &p) / b;
                                 let whole = b.is_multiple_of(a);
-                                cap = Some((p.align, most, whole));
+                                cap = Some(((p.align, p.lookahead), most, whole));
                                 (most, whole)
                             }
                         };

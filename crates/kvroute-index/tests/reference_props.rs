@@ -1,11 +1,12 @@
 //! Property tests: on random event streams the fast index equals the literal reference model,
-//! in content and in every prediction.
+//! in content and in every prediction, under vLLM 0.32's rules and under 0.33's (workers with
+//! 1 and 3 lookahead tokens beside 0.32 workers).
 
 mod common;
-use common::chain;
+use common::lookahead_chain;
 use kvroute_index::event::{CacheKind, Cleared, EngineHash, Event, Removed, Stored};
 use kvroute_index::reference::Reference;
-use kvroute_index::{Detail, Index, LookupConfig, Query, WorkerConfig};
+use kvroute_index::{Detail, Engine, Index, LookupConfig, Query, WorkerConfig};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -98,8 +99,49 @@ fn assert_hits_are_the_nonzero_predictions(fast: &Index, q: &Query, at: &str) {
     assert_eq!(fast.predict_hits(q), dense, "{at}: predict_hits");
 }
 
-fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
-    let mut tally = (0usize, 0usize, 0usize);
+/// vLLM 0.32 on every worker.
+const V032: [(Engine, u32); 3] = [(Engine::Vllm032, 0); 3];
+/// A 0.32 worker and 0.33 workers with 1 and 3 lookahead tokens.
+const V033: [(Engine, u32); 3] = [
+    (Engine::Vllm032, 0),
+    (Engine::Vllm033, 1),
+    (Engine::Vllm033, 3),
+];
+
+/// What a run compared.
+#[derive(Default)]
+struct Tally {
+    compared: usize,
+    /// Predictions above 0.
+    hits: usize,
+    /// Predictions that differ from the group-blind one.
+    blind_wrong: usize,
+    /// Predictions above 0 on workers with lookahead hashes.
+    lookahead_hits: usize,
+}
+
+impl Tally {
+    fn count(
+        &mut self,
+        (cached, blind): (u64, u64),
+        worker: &str,
+        workers: &[&str],
+        lookahead_of: impl Fn(usize) -> usize,
+    ) {
+        self.compared += 1;
+        self.hits += usize::from(cached > 0);
+        self.blind_wrong += usize::from(cached != blind);
+        let at = workers.iter().position(|w| *w == worker);
+        if at.is_some_and(|at| lookahead_of(at) > 0) {
+            self.lookahead_hits += usize::from(cached > 0);
+        }
+    }
+}
+
+/// `engines[w]`: worker `w`'s engine and lookahead count; its stores hold the prompts' chains
+/// hashed as that engine hashes them.
+fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -> Tally {
+    let mut tally = Tally::default();
     let mut rng = StdRng::seed_from_u64(seed);
     let config = WorkerConfig {
         lookup: LookupConfig {
@@ -111,10 +153,35 @@ fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
         ..WorkerConfig::default()
     };
     let fast = Index::with_default(config.clone());
-    let mut reference = Reference::with_default(config);
+    let mut reference = Reference::with_default(config.clone());
+    let configure = |fast: &Index, reference: &mut Reference, w: &str, at: usize| {
+        let (engine, lookahead) = engines[at];
+        let cfg = WorkerConfig {
+            engine,
+            hash_lookahead_tokens: lookahead,
+            ..config.clone()
+        };
+        fast.configure_worker(&w.into(), cfg.clone());
+        reference.configure_worker(&w.into(), cfg);
+    };
     let prompts = universe(&mut rng);
-    let chains: Vec<Vec<u64>> = prompts.iter().map(|p| chain(p, H as usize)).collect();
+    let lookahead_of = |at: usize| match engines[at] {
+        (Engine::Vllm033, l) => l as usize,
+        _ => 0,
+    };
+    // Per worker: every prompt's chain as the worker's engine hashes it.
+    let chains_of: Vec<Vec<Vec<u64>>> = (0..engines.len())
+        .map(|at| {
+            prompts
+                .iter()
+                .map(|p| lookahead_chain(p, H as usize, lookahead_of(at)))
+                .collect()
+        })
+        .collect();
     let workers = ["w0", "w1", "w2"];
+    for (at, w) in workers.iter().enumerate() {
+        configure(&fast, &mut reference, w, at);
+    }
     let mut layouts: std::collections::HashMap<(usize, u32), Vec<Group>> = Default::default();
     for step in 0..steps {
         let w = rng.gen_range(0..workers.len());
@@ -124,6 +191,7 @@ fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
             .or_insert_with(|| random_layout(&mut rng))
             .clone();
         let op = rng.gen_range(0..100);
+        let chains = &chains_of[w];
         let ev = if op < 55 {
             let gi = rng.gen_range(0..layout.len());
             let g = &layout[gi];
@@ -182,6 +250,8 @@ fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
             fast.remove_worker(&workers[w].into());
             reference.remove_worker(&workers[w].into());
             layouts.retain(|(lw, _), _| *lw != w);
+            // Removing a worker drops its configuration too: it comes back configured.
+            configure(&fast, &mut reference, workers[w], w);
             continue;
         } else if op < 91 {
             // A layout change: group 0 comes back as another kind.
@@ -227,9 +297,7 @@ fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
                     fast.inspect(&wk, rk, |r| r.layout.clone()),
                     p.len()
                 );
-                tally.0 += 1;
-                tally.1 += usize::from(want.0 > 0);
-                tally.2 += usize::from(want.0 != want.1);
+                tally.count(want, &wk, &workers, lookahead_of);
             }
             assert_hits_are_the_nonzero_predictions(&fast, &q, &format!("seed {seed} step {step}"));
             continue;
@@ -267,9 +335,7 @@ fn run_case(seed: u64, steps: usize, eagle: bool) -> (usize, usize, usize) {
                 got.worker,
                 got.dp_rank
             );
-            tally.0 += 1;
-            tally.1 += usize::from(want.0 > 0);
-            tally.2 += usize::from(want.0 != want.1);
+            tally.count(want, &got.worker, &workers, lookahead_of);
         }
     }
     tally
@@ -280,13 +346,18 @@ proptest! {
 
     #[test]
     fn the_fast_index_agrees_with_the_reference_on_random_event_streams(seed in any::<u64>()) {
-        let _ = run_case(seed, 300, false);
+        let _ = run_case(seed, 300, false, V032);
     }
 }
 
 #[test]
 fn a_long_stream_keeps_the_fast_index_and_the_reference_equal() {
-    let (compared, hits, blind_wrong) = run_case(0x5eed, 5_000, false);
+    let Tally {
+        compared,
+        hits,
+        blind_wrong,
+        ..
+    } = run_case(0x5eed, 5_000, false, V032);
     // The stream must exercise the rules, not just agree on zeros.
     assert!(compared > 1_000, "{compared}");
     assert!(
@@ -304,16 +375,49 @@ proptest! {
 
     #[test]
     fn with_eagle_the_fast_index_agrees_with_the_reference_on_random_event_streams(seed in any::<u64>()) {
-        let _ = run_case(seed, 300, true);
+        let _ = run_case(seed, 300, true, V032);
     }
 }
 
 #[test]
 fn a_long_eagle_stream_keeps_the_fast_index_and_the_reference_equal() {
-    let (compared, hits, _) = run_case(0xea61e, 5_000, true);
+    let Tally { compared, hits, .. } = run_case(0xea61e, 5_000, true, V032);
     assert!(compared > 1_000, "{compared}");
     assert!(
         hits * 20 > compared,
         "only {hits} of {compared} predictions hit"
     );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    #[test]
+    fn with_vllm_0_33_rules_the_fast_index_agrees_with_the_reference_on_random_event_streams(
+        seed in any::<u64>(),
+        eagle in any::<bool>(),
+    ) {
+        let _ = run_case(seed, 300, eagle, V033);
+    }
+}
+
+#[test]
+fn a_long_vllm_0_33_stream_keeps_the_fast_index_and_the_reference_equal() {
+    for eagle in [false, true] {
+        let t = run_case(0x0033, 5_000, eagle, V033);
+        assert!(t.compared > 1_000, "{}", t.compared);
+        assert!(
+            t.hits * 20 > t.compared,
+            "eagle {eagle}: only {} of {} predictions hit",
+            t.hits,
+            t.compared
+        );
+        // The lookahead workers hit too (their stores hold lookahead chains).
+        assert!(
+            t.lookahead_hits * 40 > t.compared,
+            "eagle {eagle}: only {} of {} predictions hit on lookahead workers",
+            t.lookahead_hits,
+            t.compared
+        );
+    }
 }

@@ -322,3 +322,135 @@ fn with_eagle_a_window_group_needs_one_more_block_and_drops_it() {
     ));
     assert_eq!(predict(&plain, "w", &t), 208);
 }
+
+/// A vLLM 0.33 worker with EAGLE-style speculation and `lookahead` lookahead tokens.
+fn v033_worker(idx: &Index, worker: &str, lookahead: u32) {
+    idx.configure_worker(
+        &worker.into(),
+        kvroute_index::WorkerConfig {
+            lookup: kvroute_index::LookupConfig {
+                eagle: true,
+                ..Default::default()
+            },
+            engine: kvroute_index::Engine::Vllm033,
+            hash_lookahead_tokens: lookahead,
+            ..Default::default()
+        },
+    );
+}
+
+#[test]
+fn with_lookahead_hashes_a_0_33_eagle_worker_drops_nothing() {
+    let idx = Index::new();
+    v033_worker(&idx, "w", 1);
+    let t = tokens(20, 100);
+    // The engine stores the blocks whose next token exists: all six of 96 < 100.
+    let c = lookahead_chain(&t, 16, 1);
+    assert_eq!(c.len(), 6);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    // n − 1 = 99: six blocks match and none is dropped (0.32 with EAGLE: 80).
+    assert_eq!(predict(&idx, "w", &t), 96);
+    // A block-aligned prompt: block 5 has no hash until token 97 exists.
+    assert_eq!(predict(&idx, "w", &t[..96]), 80);
+    // Another token after block 5 is another block 5.
+    let mut other = t.clone();
+    other[96] += 1;
+    assert_eq!(predict(&idx, "w", &other), 80);
+}
+
+#[test]
+fn with_three_lookahead_tokens_the_hit_ends_three_tokens_early() {
+    let idx = Index::new();
+    v033_worker(&idx, "w", 3);
+    let t = tokens(22, 100);
+    let c = lookahead_chain(&t, 16, 3);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    // floor((n − 3) / 16) · 16.
+    assert_eq!(predict(&idx, "w", &t), 96);
+    assert_eq!(predict(&idx, "w", &t[..99]), 96);
+    assert_eq!(predict(&idx, "w", &t[..98]), 80);
+    // The request is hashed with lookahead: plain hashes of the same tokens never match.
+    let plain = Index::new();
+    v033_worker(&plain, "w", 3);
+    plain.apply(&store("w", 0, "full_attention", None, 16, &chain(&t, 16)));
+    assert_eq!(predict(&plain, "w", &t), 0);
+}
+
+#[test]
+fn a_0_33_worker_without_lookahead_and_a_0_32_worker_follow_0_32_s_drop() {
+    let t = tokens(23, 100);
+    let c = chain(&t, 16);
+    for (engine, lookahead) in [
+        (kvroute_index::Engine::Vllm033, 0),
+        // On 0.32 a lookahead count is ignored.
+        (kvroute_index::Engine::Vllm032, 1),
+    ] {
+        let idx = Index::new();
+        idx.configure_worker(
+            &"w".into(),
+            kvroute_index::WorkerConfig {
+                lookup: kvroute_index::LookupConfig {
+                    eagle: true,
+                    ..Default::default()
+                },
+                engine,
+                hash_lookahead_tokens: lookahead,
+                ..Default::default()
+            },
+        );
+        idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+        assert_eq!(predict(&idx, "w", &t), 80, "{engine}");
+    }
+}
+
+#[test]
+fn a_0_33_hybrid_with_lookahead_applies_the_window_rule_without_the_extra_block() {
+    let idx = Index::new();
+    v033_worker(&idx, "w", 1);
+    let t = tokens(21, 210);
+    let c = lookahead_chain(&t, 16, 1);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c));
+    // Window 48 at block 16: c = 3 blocks below the hit, no fourth for EAGLE (0.32: 192).
+    idx.apply(&store(
+        "w",
+        1,
+        "sliding_window",
+        Some(48),
+        16,
+        &group_blocks(&c, 1, 10..13),
+    ));
+    assert_eq!(predict(&idx, "w", &t), 208);
+}
+
+#[test]
+fn a_store_whose_lookahead_differs_from_the_configuration_is_counted() {
+    use kvroute_index::counters::Counter;
+    use kvroute_index::{Event, Stored};
+    let idx = Index::new();
+    v033_worker(&idx, "w", 1);
+    let t = tokens(24, 40);
+    let c = lookahead_chain(&t, 16, 1);
+    let mut s = Stored::device(
+        "w",
+        0,
+        kvroute_index::CacheKind::FullAttention,
+        None,
+        16,
+        &c,
+    );
+    s.token_ids = t[..32].to_vec();
+    s.lookahead_token_ids = Some(vec![vec![t[16]], vec![t[32]]]);
+    idx.apply(&Event::Stored(s.clone()));
+    let counts = idx.counters();
+    assert_eq!(counts.get(Counter::LookaheadMismatch), 0);
+    assert_eq!(counts.get(Counter::HashCheckMatched), 1);
+    // The same engine seen by a router configured without lookahead.
+    let plain = Index::new();
+    plain.apply(&Event::Stored(s));
+    assert_eq!(plain.counters().get(Counter::LookaheadMismatch), 1);
+    assert_eq!(
+        plain.counters().get(Counter::HashCheckMatched),
+        1,
+        "the hashes still verify"
+    );
+}

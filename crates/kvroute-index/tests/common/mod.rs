@@ -14,6 +14,16 @@ pub fn chain(tokens: &[u32], h: usize) -> Vec<u64> {
         .collect()
 }
 
+/// The 64-bit chain of `tokens` at hash block `h` with vLLM 0.33's `lookahead` lookahead
+/// tokens (default sha256 settings): only blocks with `e + lookahead ≤ n`.
+pub fn lookahead_chain(tokens: &[u32], h: usize, lookahead: usize) -> Vec<u64> {
+    BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED)
+        .chain_lookahead(tokens, h, &BlockExtras::default(), lookahead)
+        .iter()
+        .map(|d| external(d).0)
+        .collect()
+}
+
 pub fn tokens(seed: u32, n: usize) -> Vec<u32> {
     (0..n as u32)
         .map(|i| seed.wrapping_mul(7919).wrapping_add(i * 31) % 50_000)

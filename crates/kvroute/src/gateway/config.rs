@@ -132,6 +132,7 @@ impl WorkerSpec {
                 eagle: self.speculative,
             },
             verify_hashes: true,
+            ..WorkerConfig::default()
         })
     }
 
