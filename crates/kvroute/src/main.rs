@@ -251,7 +251,9 @@ fn parse_worker(s: &str) -> Result<WorkerSpec> {
             "content_keys" => w.content_keys = v.parse()?,
             "speculative" | "eagle" => w.speculative = v.parse()?,
             "model_dir" => w.model_dir = Some(v.into()),
-            other => bail!("worker {s:?}: unknown key {other:?}"),
+            other => w
+                .set_flag(other, &v)
+                .map_err(|e| anyhow::anyhow!("worker {s:?}: {e}"))?,
         }
     }
     if let Some(k) = &kv {

@@ -3,11 +3,12 @@
 //! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token) and
 //! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
 //! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
-//! `PYTHONHASHSEED`), with validation that names the offending field.
+//! `PYTHONHASHSEED`, the engine generation and `--speculative-config`'s fields), with
+//! validation that names the offending field, and the `--worker` flag keys for those.
 //! Must not: start anything.
 
 use super::policy::PolicyKind;
-use kvroute_index::{HashAlgo, HashMode, LookupConfig, WorkerConfig};
+use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -67,15 +68,93 @@ pub struct WorkerSpec {
     /// Key blocks by the router's own content keys (SGLang; xxhash engines).
     #[serde(default)]
     pub content_keys: bool,
-    /// The engine runs speculative decoding (EAGLE/MTP, vLLM's `--speculative-config`): every
-    /// group drops its last matched unit.
+    /// The engine generation (`vllm-0.32`, `vllm-0.33`); when absent, the worker's
+    /// `GET /version` names it (vLLM 0.32's rules until it answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Engine>,
+    /// The engine's speculative decoding: `true` for an EAGLE-style drafter reading one token
+    /// ahead (EAGLE, EAGLE3, single-module MTP), or vLLM's `--speculative-config` fields
+    /// (`{ method = "mtp", num_speculative_tokens = 3, num_nextn_predict_layers = 3 }`).
     #[serde(default)]
-    pub speculative: bool,
+    pub speculative: SpeculativeSpec,
+    /// vLLM 0.33's `num_hash_lookahead_tokens`, when the engine's differs from what
+    /// `speculative` implies (a KV connector keeps it 0). Only meaningful on vLLM 0.33.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_lookahead_tokens: Option<u32>,
     /// A model directory with `tokenizer.json` (and `tokenizer_config.json`'s chat template):
     /// the gateway tokenizes itself instead of asking the worker's `/tokenize`.
     #[serde(default)]
     pub model_dir: Option<PathBuf>,
 }
+
+/// A worker's speculative decoding, as the spec gives it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SpeculativeSpec {
+    /// `false`: none; `true`: an EAGLE-style drafter reading one token ahead (as
+    /// `{ method = "eagle" }`).
+    Flag(bool),
+    /// vLLM's `--speculative-config` fields (the rest of vLLM's JSON is accepted and ignored).
+    Config(Speculative),
+}
+
+impl Default for SpeculativeSpec {
+    fn default() -> Self {
+        SpeculativeSpec::Flag(false)
+    }
+}
+
+impl std::str::FromStr for SpeculativeSpec {
+    type Err = std::str::ParseBoolError;
+    /// The `--worker` form `speculative=true|false`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(SpeculativeSpec::Flag)
+    }
+}
+
+impl SpeculativeSpec {
+    /// Whether matches drop the EAGLE block on `engine` (before lookahead hashes, which
+    /// `lookahead` decides, turn it off).
+    fn drops(&self, engine: Engine) -> bool {
+        match self {
+            SpeculativeSpec::Flag(on) => *on,
+            SpeculativeSpec::Config(s) => s.drops_eagle_block(engine),
+        }
+    }
+
+    /// The lookahead count `engine` derives.
+    fn lookahead(&self, engine: Engine) -> u32 {
+        match self {
+            SpeculativeSpec::Flag(true) if engine == Engine::Vllm033 => 1,
+            SpeculativeSpec::Flag(_) => 0,
+            SpeculativeSpec::Config(s) => s.hash_lookahead_tokens(engine),
+        }
+    }
+
+    fn is_on(&self) -> bool {
+        !matches!(self, SpeculativeSpec::Flag(false))
+    }
+
+    /// The fields, turning `true`/`false` into an EAGLE config first (the `--worker` keys).
+    fn config_mut(&mut self) -> &mut Speculative {
+        if let SpeculativeSpec::Flag(_) = self {
+            *self = SpeculativeSpec::Config(Speculative {
+                method: "eagle".into(),
+                num_speculative_tokens: 1,
+                num_nextn_predict_layers: None,
+                disable_lookahead_block_hashes: false,
+                disable_eagle_block_drop: false,
+            });
+        }
+        match self {
+            SpeculativeSpec::Config(s) => s,
+            SpeculativeSpec::Flag(_) => unreachable!("turned into a config above"),
+        }
+    }
+}
+
+/// The largest `hash_lookahead_tokens` accepted (vLLM requires the block size to cover it).
+const MAX_LOOKAHEAD: u32 = 4096;
 
 fn one() -> u32 {
     1
@@ -97,13 +176,23 @@ impl WorkerSpec {
             hash_block_size: None,
             chunk_size: None,
             content_keys: false,
-            speculative: false,
+            engine: None,
+            speculative: SpeculativeSpec::default(),
+            hash_lookahead_tokens: None,
             model_dir: None,
         }
     }
 
-    /// The index configuration this worker needs.
+    /// The index configuration this worker needs, under its configured engine (vLLM 0.32's
+    /// when none is configured).
     pub fn index_config(&self) -> Result<WorkerConfig, String> {
+        self.index_config_for(self.engine.unwrap_or_default())
+    }
+
+    /// The index configuration this worker needs when it runs `engine`: the EAGLE drop and
+    /// the lookahead count follow from `speculative` (or `hash_lookahead_tokens`) as that
+    /// generation derives them.
+    pub fn index_config_for(&self, engine: Engine) -> Result<WorkerConfig, String> {
         let hash = if self.content_keys
             || self
                 .kv_events
@@ -129,11 +218,46 @@ impl WorkerSpec {
             lookup: LookupConfig {
                 hash_block_size: self.hash_block_size,
                 chunk_size: self.chunk_size,
-                eagle: self.speculative,
+                eagle: self.speculative.drops(engine),
             },
             verify_hashes: true,
-            ..WorkerConfig::default()
+            engine,
+            hash_lookahead_tokens: self
+                .hash_lookahead_tokens
+                .unwrap_or_else(|| self.speculative.lookahead(engine)),
         })
+    }
+
+    /// Sets one `--worker` key this module owns: `engine`, `speculative_method`,
+    /// `num_speculative_tokens`, `num_nextn_predict_layers`, `disable_lookahead_block_hashes`,
+    /// `disable_eagle_block_drop`, `hash_lookahead_tokens`. Any other key is an error.
+    pub fn set_flag(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let bad = |e: &dyn std::fmt::Display| format!("{key}={value}: {e}");
+        match key {
+            "engine" => self.engine = Some(value.parse().map_err(|e: String| bad(&e))?),
+            "speculative_method" => self.speculative.config_mut().method = value.into(),
+            "num_speculative_tokens" => {
+                self.speculative.config_mut().num_speculative_tokens =
+                    value.parse().map_err(|e| bad(&e))?
+            }
+            "num_nextn_predict_layers" => {
+                self.speculative.config_mut().num_nextn_predict_layers =
+                    Some(value.parse().map_err(|e| bad(&e))?)
+            }
+            "disable_lookahead_block_hashes" => {
+                self.speculative.config_mut().disable_lookahead_block_hashes =
+                    value.parse().map_err(|e| bad(&e))?
+            }
+            "disable_eagle_block_drop" => {
+                self.speculative.config_mut().disable_eagle_block_drop =
+                    value.parse().map_err(|e| bad(&e))?
+            }
+            "hash_lookahead_tokens" => {
+                self.hash_lookahead_tokens = Some(value.parse().map_err(|e| bad(&e))?)
+            }
+            other => return Err(format!("unknown key {other:?}")),
+        }
+        Ok(())
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -160,6 +284,35 @@ impl WorkerSpec {
             if kvroute_wire::Dialect::parse(&k.dialect).is_none() {
                 return Err(format!(
                     "worker {}: kv_events.dialect must be vllm or sglang",
+                    self.name
+                ));
+            }
+        }
+        if let SpeculativeSpec::Config(s) = &self.speculative {
+            if s.num_speculative_tokens == 0 {
+                return Err(format!(
+                    "worker {}: speculative.num_speculative_tokens must be at least 1",
+                    self.name
+                ));
+            }
+        }
+        if let Some(l) = self.hash_lookahead_tokens {
+            if l > MAX_LOOKAHEAD {
+                return Err(format!(
+                    "worker {}: hash_lookahead_tokens must be at most {MAX_LOOKAHEAD}",
+                    self.name
+                ));
+            }
+            if l > 0 && self.engine == Some(Engine::Vllm032) {
+                return Err(format!(
+                    "worker {}: hash_lookahead_tokens is vLLM 0.33's (engine is vllm-0.32)",
+                    self.name
+                ));
+            }
+            if l > 0 && !self.speculative.is_on() {
+                return Err(format!(
+                    "worker {}: hash_lookahead_tokens > 0 needs speculative (vLLM hashes with \
+                     lookahead only under EAGLE-style speculation)",
                     self.name
                 ));
             }
@@ -364,5 +517,121 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("content"), "{e}");
+        let base = "[[workers]]\nname='a'\nurl='http://x'\nmodel='m'\n";
+        for (extra, field) in [
+            ("engine='vllm-0.34'\n", "engine"),
+            (
+                "engine='vllm-0.32'\nspeculative=true\nhash_lookahead_tokens=1\n",
+                "hash_lookahead_tokens",
+            ),
+            ("hash_lookahead_tokens=1\n", "hash_lookahead_tokens"),
+            (
+                "speculative={method='eagle', num_speculative_tokens=0}\n",
+                "num_speculative_tokens",
+            ),
+        ] {
+            let e = GatewayConfig::from_toml(&format!("{base}{extra}")).unwrap_err();
+            assert!(e.contains(field), "{extra}: {e}");
+        }
+    }
+
+    fn engine_config(toml: &str) -> WorkerConfig {
+        let c = GatewayConfig::from_toml(&format!(
+            "[[workers]]\nname='a'\nurl='http://x'\nmodel='m'\n{toml}"
+        ))
+        .unwrap();
+        c.workers[0].index_config().unwrap()
+    }
+
+    #[test]
+    fn the_engine_and_speculative_config_decide_the_drop_and_the_lookahead() {
+        // (TOML, engine, EAGLE drop, lookahead tokens)
+        for (toml, engine, eagle, lookahead) in [
+            ("", Engine::Vllm032, false, 0),
+            ("speculative = true\n", Engine::Vllm032, true, 0),
+            (
+                "engine = 'vllm-0.33'\nspeculative = true\n",
+                Engine::Vllm033,
+                true,
+                1,
+            ),
+            (
+                "engine = 'vllm-0.33'\n[workers.speculative]\nmethod = 'mtp'\n\
+                 num_speculative_tokens = 3\nnum_nextn_predict_layers = 3\n",
+                Engine::Vllm033,
+                true,
+                3,
+            ),
+            (
+                "engine = 'vllm-0.33'\n[workers.speculative]\nmethod = 'eagle3'\n\
+                 num_speculative_tokens = 4\ndisable_lookahead_block_hashes = true\n\
+                 model = 'yuhuili/EAGLE3-LLaMA3.1-Instruct-8B'\n",
+                Engine::Vllm033,
+                true,
+                0,
+            ),
+            (
+                "engine = 'vllm-0.33'\nspeculative = true\nhash_lookahead_tokens = 0\n",
+                Engine::Vllm033,
+                true,
+                0,
+            ),
+            (
+                "[workers.speculative]\nmethod = 'dflash'\nnum_speculative_tokens = 4\n",
+                Engine::Vllm032,
+                true,
+                0,
+            ),
+        ] {
+            let cfg = engine_config(toml);
+            assert_eq!(
+                (cfg.engine, cfg.lookup.eagle, cfg.hash_lookahead_tokens),
+                (engine, eagle, lookahead),
+                "{toml}"
+            );
+        }
+        // The same spec detected as another generation: 0.33's DFlash neither drops nor
+        // hashes ahead; an EAGLE flag hashes one token ahead.
+        let c = GatewayConfig::from_toml(
+            "[[workers]]\nname='a'\nurl='http://x'\nmodel='m'\nspeculative=true\n",
+        )
+        .unwrap();
+        let on_033 = c.workers[0].index_config_for(Engine::Vllm033).unwrap();
+        assert_eq!(on_033.rules().lookahead, 1);
+        assert!(!on_033.rules().eagle_drop);
+        let mut dflash = c.workers[0].clone();
+        dflash.set_flag("speculative_method", "dflash").unwrap();
+        let cfg = dflash.index_config_for(Engine::Vllm033).unwrap();
+        assert_eq!((cfg.lookup.eagle, cfg.hash_lookahead_tokens), (false, 0));
+    }
+
+    #[test]
+    fn worker_flags_set_the_engine_and_vllm_s_speculative_fields() {
+        let mut w = WorkerSpec::new("a", "http://x", "m");
+        for (k, v) in [
+            ("engine", "vllm-0.33"),
+            ("speculative_method", "deepseek_mtp"),
+            ("num_speculative_tokens", "2"),
+            ("num_nextn_predict_layers", "2"),
+        ] {
+            w.set_flag(k, v).unwrap();
+        }
+        w.validate().unwrap();
+        let cfg = w.index_config().unwrap();
+        assert_eq!(
+            (cfg.engine, cfg.lookup.eagle, cfg.hash_lookahead_tokens),
+            (Engine::Vllm033, true, 2)
+        );
+        w.set_flag("hash_lookahead_tokens", "1").unwrap();
+        assert_eq!(w.index_config().unwrap().hash_lookahead_tokens, 1);
+        assert!(w
+            .set_flag("engine", "sglang")
+            .unwrap_err()
+            .contains("engine"));
+        assert!(w.set_flag("num_speculative_tokens", "x").is_err());
+        assert!(w.set_flag("nope", "1").unwrap_err().contains("unknown key"));
+        // The spec round-trips through JSON (the admin API's add body).
+        let json = serde_json::to_string(&w).unwrap();
+        assert_eq!(serde_json::from_str::<WorkerSpec>(&json).unwrap(), w);
     }
 }

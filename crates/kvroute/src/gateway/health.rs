@@ -1,8 +1,10 @@
-//! Health checks and engine load: `/health` and `/metrics` of every worker, with backoff.
+//! Health checks and engine load: `/health` and `/metrics` of every worker, with backoff, and
+//! each vLLM worker's `/version` once.
 //!
 //! Owns: the background loop that probes each worker when due (healthy: every interval;
-//! failing: exponential backoff up to 30 s) and reads `vllm:num_requests_running` and
-//! `vllm:num_requests_waiting` from its Prometheus text.
+//! failing: exponential backoff up to 30 s), reads `vllm:num_requests_running` and
+//! `vllm:num_requests_waiting` from its Prometheus text, and asks a healthy worker's
+//! `GET /version` until it answers (the registry then records the engine generation).
 //! Must not: remove workers (only mark them).
 
 use super::registry::Registry;
@@ -31,6 +33,33 @@ pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
     found
 }
 
+/// A worker's `GET /version`: `Some(Some(version))` when it names one, `Some(None)` when it
+/// answers without one (not a vLLM server: not asked again), `None` when it did not answer (asked
+/// again next time).
+async fn ask_version(client: &reqwest::Client, base: &str) -> Option<Option<String>> {
+    let r = client
+        .get(format!("{base}/version"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    if r.status().is_server_error() {
+        return None;
+    }
+    if !r.status().is_success() {
+        return Some(None);
+    }
+    let body: serde_json::Value = match r.json().await {
+        Ok(v) => v,
+        Err(_) => return Some(None),
+    };
+    Some(
+        body.get("version")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
+    )
+}
+
 pub async fn run(
     registry: Arc<Registry>,
     client: reqwest::Client,
@@ -51,6 +80,12 @@ pub async fn run(
             if ok {
                 w.mark_success();
                 *w.next_check.lock() = Instant::now() + interval;
+                if w.wants_version() {
+                    let version = ask_version(&client, &base).await;
+                    if let Some(v) = version {
+                        registry.engine_reported(&w, v.as_deref());
+                    }
+                }
                 if let Ok(r) = client
                     .get(format!("{base}/metrics"))
                     .timeout(Duration::from_secs(2))

@@ -2,14 +2,16 @@
 //!
 //! Owns: per worker its spec, health (with backoff), drain flag, the gateway's own load
 //! accounting (in-flight requests, queued prefill tokens), the engine's reported queue from its
-//! `/metrics`, and its event subscriptions (one per DP rank) feeding the shared index.
+//! `/metrics`, its engine generation (configured, or detected from its `/version`, which then
+//! re-configures the worker in the index), and its event subscriptions (one per DP rank)
+//! feeding the shared index.
 //! Invariants: adding a worker starts its subscriptions; removing it stops them and drops its
 //! index state; load counters never underflow (guards release exactly what they took).
 //! Must not: choose workers (policy does) or proxy requests.
 
 use super::config::WorkerSpec;
 use super::pending::{Pending, Prompt};
-use kvroute_index::{Event, Index, WorkerId};
+use kvroute_index::{Engine, Event, Index, WorkerId};
 use kvroute_wire::{
     spawn_subscription, Dialect, EventSink, RankHealth, SubscriptionConfig, SubscriptionHandle,
     WireStats,
@@ -49,8 +51,35 @@ pub struct Worker {
     pub consecutive_failures: AtomicU32,
     pub next_check: Mutex<Instant>,
     pub subscriptions: Mutex<Vec<SubscriptionHandle>>,
+    /// Which engine generation predicts this worker, and why.
+    pub engine: Mutex<EngineInfo>,
     /// Prompts in flight on this worker (what it is about to cache).
     pub pending: Pending,
+}
+
+/// The engine generation a worker is predicted by, where that came from, and what the worker's
+/// `GET /version` answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EngineInfo {
+    pub engine: Engine,
+    pub source: EngineSource,
+    /// The `version` of the worker's `GET /version`, once it answered.
+    pub version: Option<String>,
+    /// `/version` was asked and answered (or refused for good): not asked again.
+    #[serde(skip)]
+    pub asked: bool,
+}
+
+/// Where a worker's engine generation came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineSource {
+    /// The spec's `engine`.
+    Configured,
+    /// The worker's `GET /version`.
+    Detected,
+    /// vLLM 0.32's rules: `/version` has not named a supported release (yet).
+    Assumed,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -68,12 +97,32 @@ pub struct WorkerView {
     pub engine_waiting: u64,
     pub dp_size: u32,
     pub subscriptions: usize,
+    /// The engine generation predictions follow (`vllm-0.32`, `vllm-0.33`).
+    pub engine: Engine,
+    pub engine_source: EngineSource,
+    /// What the worker's `GET /version` answered.
+    pub engine_version: Option<String>,
+    /// The lookahead tokens its block hashes cover (vLLM 0.33's `num_hash_lookahead_tokens`).
+    pub hash_lookahead_tokens: u32,
+    /// Whether its matches drop the EAGLE block.
+    pub eagle_drop: bool,
 }
 
 impl Worker {
     fn new(spec: WorkerSpec) -> Worker {
+        let engine = Mutex::new(EngineInfo {
+            engine: spec.engine.unwrap_or_default(),
+            source: if spec.engine.is_some() {
+                EngineSource::Configured
+            } else {
+                EngineSource::Assumed
+            },
+            version: None,
+            asked: false,
+        });
         Worker {
             id: spec.name.as_str().into(),
+            engine,
             spec,
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
@@ -116,7 +165,24 @@ impl Worker {
         *self.next_check.lock() = Instant::now() + backoff;
     }
 
+    /// Whether the worker's `/version` is still to be asked (vLLM dialect only: the rules are
+    /// vLLM's).
+    pub fn wants_version(&self) -> bool {
+        let vllm = self
+            .spec
+            .kv_events
+            .as_ref()
+            .is_none_or(|k| k.dialect != "sglang");
+        vllm && !self.engine.lock().asked
+    }
+
     pub fn view(&self) -> WorkerView {
+        let info = self.engine.lock().clone();
+        let rules = self
+            .spec
+            .index_config_for(info.engine)
+            .map(|c| c.rules())
+            .unwrap_or_default();
         WorkerView {
             name: self.spec.name.clone(),
             url: self.spec.url.clone(),
@@ -130,6 +196,11 @@ impl Worker {
             engine_waiting: self.engine_waiting.load(Ordering::Relaxed),
             dp_size: self.spec.dp_size,
             subscriptions: self.subscriptions.lock().len(),
+            engine: info.engine,
+            engine_source: info.source,
+            engine_version: info.version,
+            hash_lookahead_tokens: rules.lookahead,
+            eagle_drop: rules.eagle_drop,
         }
     }
 }
@@ -280,6 +351,58 @@ impl Registry {
         }
         self.index.remove_worker(&w.id);
         Ok(())
+    }
+
+    /// Records what a worker's `GET /version` answered (`None`: no usable answer, not asked
+    /// again). A worker without a configured engine is predicted from then on by the
+    /// generation the version names (its index configuration replaced); a configured engine
+    /// is kept, with a warning when the version names another; an unsupported version keeps
+    /// vLLM 0.32's rules, with a warning.
+    pub fn engine_reported(&self, w: &Arc<Worker>, version: Option<&str>) {
+        let current = self
+            .workers
+            .read()
+            .get(&w.spec.name)
+            .is_some_and(|x| Arc::ptr_eq(x, w));
+        if !current {
+            // Removed (or replaced) while its /version was on its way.
+            return;
+        }
+        let detected = version.and_then(Engine::from_version);
+        let mut info = w.engine.lock();
+        if info.asked {
+            return;
+        }
+        info.asked = true;
+        info.version = version.map(str::to_string);
+        let name = &w.spec.name;
+        match (info.source, detected) {
+            (EngineSource::Configured, Some(d)) if d != info.engine => tracing::warn!(
+                worker = %name, configured = %info.engine, detected = %d, version = ?version,
+                "the worker's /version names another engine than configured: predictions follow the configured one"
+            ),
+            (EngineSource::Configured, _) => tracing::info!(
+                worker = %name, engine = %info.engine, version = ?version, "engine configured"
+            ),
+            (_, Some(d)) => match w.spec.index_config_for(d) {
+                Ok(config) => {
+                    info.engine = d;
+                    info.source = EngineSource::Detected;
+                    tracing::info!(
+                        worker = %name, engine = %d, version = ?version,
+                        hash_lookahead_tokens = config.rules().lookahead,
+                        "engine detected from /version"
+                    );
+                    drop(info);
+                    self.index.configure_worker(&w.id, config);
+                }
+                Err(e) => tracing::warn!(worker = %name, "engine {d} detected but not usable: {e}"),
+            },
+            (_, None) => tracing::warn!(
+                worker = %name, version = ?version,
+                "/version names no supported vLLM release (vllm-0.32, vllm-0.33): predicted by vLLM 0.32's rules; set the worker's engine"
+            ),
+        }
     }
 
     pub fn drain(&self, name: &str, draining: bool) -> Result<(), RegistryError> {
