@@ -166,7 +166,8 @@ pub struct LookupConfig {
     /// Chunk size of chunked local attention groups (e.g. 8192 for Llama 4).
     pub chunk_size: Option<u32>,
     /// Speculative decoding (EAGLE/MTP) is on: every group is an EAGLE group and drops its last
-    /// matched unit, as vLLM's coordinator does.
+    /// matched unit, as vLLM's coordinator does (not on a vLLM 0.33 worker with lookahead
+    /// hashes: `WorkerConfig::rules`).
     #[serde(default)]
     pub eagle: bool,
 }
