@@ -85,6 +85,7 @@ fn run(preset: &str, seed: u64) -> usize {
             eagle: false,
         },
         verify_hashes: true,
+        ..WorkerConfig::default()
     });
     let mut engine = Engine::new(cfg).unwrap();
     let mut history: Vec<Vec<u32>> = Vec::new();
