@@ -5,7 +5,7 @@
 //! `forced_output_token_ids`, `return_token_ids`, SSE streaming), `/v1/chat/completions`
 //! (streaming and not), `/v1/models`, `/health`, `/version`, `/tokenize`, `/detokenize`, `/metrics`,
 //! `/v1/completions/render` and `/v1/chat/completions/render`, `/kv_event_sources`,
-//! `/reset_prefix_cache`, and `/admin/{cache,faults,restart,pause,resume}`.
+//! `/reset_prefix_cache`, and `/admin/{cache,requests,faults,restart,pause,resume}`.
 //! Invariants: every response carries `usage.prompt_tokens_details.cached_tokens` (the
 //! request's `num_cached_tokens`; in streams, on the final chunk); every error — malformed
 //! bodies, unknown routes, bodies over the worker's bound — is answered in vLLM's error shape,
@@ -26,6 +26,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -114,6 +115,7 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/admin/cache", get(admin_cache))
+        .route("/admin/requests", get(admin_requests))
         .route("/admin/faults", post(admin_faults))
         .route("/admin/restart", post(admin_restart))
         .route("/admin/pause", post(admin_pause))
@@ -642,6 +644,17 @@ async fn reset_prefix_cache(State(w): W) -> Response {
         )
         .into_response()
     }
+}
+
+/// `GET /admin/requests?since=N`: the finished requests from `seq` N on (engine times and
+/// cached tokens by prompt digest), and `total`, how many finished in all.
+async fn admin_requests(
+    State(w): W,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+) -> Response {
+    let since = q.get("since").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let (requests, total) = w.finished_since(since);
+    Json(json!({ "total": total, "requests": requests })).into_response()
 }
 
 async fn admin_cache(State(w): W) -> Response {

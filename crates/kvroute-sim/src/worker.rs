@@ -14,7 +14,7 @@ use crate::error::SimError;
 use crate::publisher::{Publisher, PublisherConfig};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,6 +82,8 @@ pub(crate) struct Rank {
     pub engine: Mutex<Engine>,
     notify: Notify,
     senders: Mutex<HashMap<u64, mpsc::UnboundedSender<TokenOut>>>,
+    /// Each running request's [`prompt_digest`], for its [`FinishedRecord`].
+    digests: Mutex<HashMap<u64, u64>>,
     pub publisher: Option<Publisher>,
 }
 
@@ -94,11 +96,65 @@ pub(crate) struct Shared {
     start: Instant,
     pub ttft: Mutex<Histogram>,
     pub e2e: Mutex<Histogram>,
+    /// The last [`FINISHED_KEPT`] finished requests, oldest first, and how many finished in all.
+    finished: Mutex<(VecDeque<FinishedRecord>, u64)>,
+}
+
+/// How many finished requests `/admin/requests` keeps.
+pub const FINISHED_KEPT: usize = 100_000;
+
+/// One finished request as the engine saw it (`GET /admin/requests`): a load generator in
+/// front of any gateway matches its requests to these by prompt digest, so every gateway is
+/// measured by the same engine clock, whatever it forwards of the response.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FinishedRecord {
+    /// Position among all requests this worker finished (from 0).
+    pub seq: u64,
+    /// [`prompt_digest`] of the prompt token ids, in hex.
+    pub prompt_digest: String,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub dp_rank: u32,
+    pub ttft_s: f64,
+    pub e2e_s: f64,
+}
+
+/// The digest that names a prompt in [`FinishedRecord`]: xxh3-64 of its token ids as
+/// little-endian u32s.
+pub fn prompt_digest(tokens: &[u32]) -> u64 {
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    xxhash_rust::xxh3::xxh3_64(&bytes)
 }
 
 impl Shared {
     fn sim_now(&self) -> f64 {
         self.start.elapsed().as_secs_f64() * self.cfg.speedup
+    }
+
+    fn record_finished(
+        &self,
+        digest: u64,
+        dp_rank: u32,
+        cached: usize,
+        f: &crate::engine::Finished,
+    ) {
+        let mut g = self.finished.lock();
+        let (kept, total) = &mut *g;
+        kept.push_back(FinishedRecord {
+            seq: *total,
+            prompt_digest: format!("{digest:016x}"),
+            prompt_tokens: f.prompt_tokens,
+            cached_tokens: cached,
+            completion_tokens: f.completion_tokens,
+            dp_rank,
+            ttft_s: f.ttft_s,
+            e2e_s: f.e2e_s,
+        });
+        *total += 1;
+        while kept.len() > FINISHED_KEPT {
+            kept.pop_front();
+        }
     }
 }
 
@@ -147,6 +203,7 @@ impl Worker {
                 engine: Mutex::new(engine),
                 notify: Notify::new(),
                 senders: Mutex::new(HashMap::new()),
+                digests: Mutex::new(HashMap::new()),
                 publisher,
             });
         }
@@ -159,6 +216,7 @@ impl Worker {
             start: Instant::now(),
             ttft: Mutex::new(Histogram::default()),
             e2e: Mutex::new(Histogram::default()),
+            finished: Mutex::new((VecDeque::new(), 0)),
         });
         let tasks = (0..shared.ranks.len())
             .map(|r| tokio::spawn(run_rank(shared.clone(), r)))
@@ -189,8 +247,10 @@ impl Worker {
         let handle = {
             let mut e = rk.engine.lock();
             e.advance_to(self.shared.sim_now());
+            let digest = prompt_digest(&req.prompt);
             let h = e.add_request(req)?;
             rk.senders.lock().insert(h, tx);
+            rk.digests.lock().insert(h, digest);
             h
         };
         rk.notify.notify_one();
@@ -204,6 +264,7 @@ impl Worker {
     /// Cancels a request (its blocks are freed).
     pub fn abort(&self, rank: u32, handle: u64) {
         if let Some(rk) = self.shared.ranks.get(rank as usize) {
+            rk.digests.lock().remove(&handle);
             rk.engine.lock().abort(handle);
             rk.senders.lock().remove(&handle);
         }
@@ -327,6 +388,15 @@ impl Worker {
     }
 
     /// Prometheus text with vLLM's metric names.
+    /// Finished requests with `seq ≥ since`, oldest first, and how many finished in all.
+    pub fn finished_since(&self, since: u64) -> (Vec<FinishedRecord>, u64) {
+        let g = self.shared.finished.lock();
+        (
+            g.0.iter().filter(|r| r.seq >= since).cloned().collect(),
+            g.1,
+        )
+    }
+
     pub fn metrics_text(&self) -> String {
         crate::metrics::render(&self.shared)
     }
@@ -393,6 +463,8 @@ async fn run_rank(shared: Arc<Shared>, r: usize) {
             if let Some(f) = &t.finished {
                 shared.ttft.lock().observe(f.ttft_s);
                 shared.e2e.lock().observe(f.e2e_s);
+                let digest = rank.digests.lock().remove(&t.handle).unwrap_or(0);
+                shared.record_finished(digest, r as u32, t.num_cached_tokens, f);
             }
             let done = t.finished.is_some();
             let handle = t.handle;
@@ -403,6 +475,7 @@ async fn run_rank(shared: Arc<Shared>, r: usize) {
             }
             drop(senders);
             if gone && !done {
+                rank.digests.lock().remove(&handle);
                 rank.engine.lock().abort(handle);
             }
         }

@@ -84,7 +84,13 @@ pub struct BenchArgs {
     /// Plot path without extension (.svg and .png).
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// The in-process gateway's λ and μ (default: the gateway's own).
+    /// Simulated workers behind the targets (comma-separated base URLs): every request's engine
+    /// TTFT and cached tokens are read from their /admin/requests, for every target alike.
+    #[arg(long, value_delimiter = ',')]
+    engine_urls: Vec<String>,
+    /// The in-process gateway's cost model (ttft | tokens), λ and μ (default: the gateway's own).
+    #[arg(long)]
+    cost: Option<kvroute::gateway::config::CostModel>,
     #[arg(long)]
     lambda: Option<f64>,
     #[arg(long)]
@@ -147,6 +153,8 @@ impl BenchArgs {
             requests_log: self.requests_log,
             plot: self.plot,
             progress: !self.quiet,
+            engine_urls: self.engine_urls,
+            cost: self.cost,
             lambda: self.lambda,
             junction_weight: self.junction_weight,
         })

@@ -204,7 +204,11 @@ struct ServeArgs {
     /// hybrid-aware | group-blind | round-robin | least-load
     #[arg(long)]
     policy: Option<PolicyKind>,
-    /// λ in `expected_uncached + λ·load − μ·junction`.
+    /// The cache policies' cost: ttft (predicted time to first token, learned per worker) or
+    /// tokens (`expected_uncached + λ·load − μ·junction`).
+    #[arg(long)]
+    cost: Option<kvroute::gateway::config::CostModel>,
+    /// λ in `expected_uncached + λ·load − μ·junction` (cost model tokens).
     #[arg(long)]
     lambda: Option<f64>,
     /// μ: credit per full-attention prefix token beyond the hit (hybrid-aware).
@@ -291,6 +295,9 @@ async fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(j) = a.junction_weight {
         cfg.weights.junction = j;
+    }
+    if let Some(c) = a.cost {
+        cfg.weights.cost = c;
     }
     cfg.explain_always |= a.explain_always;
     for w in &a.workers {

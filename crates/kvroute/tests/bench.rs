@@ -294,3 +294,65 @@ async fn a_multi_turn_session_sends_its_replies_back_and_reuses_them() {
         }
     }
 }
+
+/// A gateway that forwards to `upstream` but passes on only the streamed text (no usage, no
+/// engine extension), as some routers re-serialise responses.
+async fn stripping_proxy(upstream: String) -> String {
+    let app = axum::Router::new().route(
+        "/v1/completions",
+        post(move |body: Bytes| {
+            let upstream = upstream.clone();
+            async move {
+                let r = reqwest::Client::new()
+                    .post(format!("{upstream}/v1/completions"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                let text = r.text().await.unwrap();
+                let mut out = String::new();
+                for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                    if line == "[DONE]" {
+                        out.push_str("data: [DONE]\n\n");
+                    } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+                        let t = v["choices"][0]["text"].as_str().unwrap_or_default();
+                        out.push_str(&format!(
+                            "data: {}\n\n",
+                            serde_json::json!({"choices": [{"text": t}]})
+                        ));
+                    }
+                }
+                Response::new(Body::from(out))
+            }
+        }),
+    );
+    serve(app).await
+}
+
+#[tokio::test]
+async fn a_gateway_that_strips_usage_is_still_measured_by_the_engine() {
+    let sims = sim_worker("llama").await;
+    let base = sims.workers[0].base_url.clone();
+    let proxy = stripping_proxy(base.clone()).await;
+    let prompt: Vec<u32> = (0..48).map(|i| FIRST_WORD + i).collect();
+    let w = Workload {
+        name: "strip".into(),
+        sessions: vec![single(0.0, prompt.clone()), single(300.0, prompt)],
+    };
+    let marks = kvroute::bench::engine::marks(std::slice::from_ref(&base))
+        .await
+        .unwrap();
+    let (mut outs, wall) = drive(&w, options(&proxy), indicatif::ProgressBar::hidden()).await;
+    assert!(outs
+        .iter()
+        .all(|o| o.cached_tokens.is_none() && o.engine_ttft_s.is_none()));
+    let matched = kvroute::bench::engine::attach(&[base], &marks, &mut outs)
+        .await
+        .unwrap();
+    assert_eq!(matched, 2);
+    let r = report::summarize("strip", "strip", &outs, 16, wall, 1.0);
+    assert_eq!(r.ttft_source, "engine");
+    // The second request reuses the first's two full blocks below its last token.
+    assert_eq!((r.prompt_tokens, r.cached_tokens), (96, 32));
+}

@@ -631,3 +631,67 @@ async fn a_data_parallel_worker_is_followed_on_every_rank() {
     assert_ne!(r0, r1);
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn streamed_answers_teach_the_ttft_model_and_each_decision_shows_its_estimate() {
+    let f = fleet(2).await;
+    let gw = gateway(f.workers.iter().map(spec).collect()).await;
+    let client = reqwest::Client::new();
+    let mut estimates = Vec::new();
+    for k in 0..24u32 {
+        let prompt: Vec<u32> = (0..100 + 20 * k)
+            .map(|i| (i * 7 + k * 131) % 1000)
+            .collect();
+        let r = client
+            .post(format!("http://{}/v1/completions", gw.addr))
+            .json(&json!({"prompt": prompt, "max_tokens": 2, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        let d: Value =
+            serde_json::from_str(r.headers()["x-kvroute-decision"].to_str().unwrap()).unwrap();
+        let est = d["predicted_ttft_ms"].as_f64().unwrap();
+        assert!(est > 0.0, "every decision carries its TTFT estimate");
+        let chosen = d["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["worker"] == d["worker"])
+            .unwrap()
+            .clone();
+        assert_eq!(chosen["predicted_ttft_ms"].as_f64(), Some(est));
+        assert!(d["best_cached"].as_u64().unwrap() >= d["predicted_cached"].as_u64().unwrap());
+        estimates.push(est);
+        let _ = r.text().await.unwrap();
+    }
+    // Each streamed answer's first byte was observed: the models moved off their prior.
+    let metrics = reqwest::get(format!("http://{}/metrics", gw.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let observed: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kvroute_ttft_prediction_error_seconds_count"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(observed, 24.0, "{metrics}");
+    assert!(metrics.contains("kvroute_ttft_prediction_relative_error_bucket"));
+    let admin: Value = reqwest::get(format!("http://{}/admin/workers", gw.admin_addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let per_worker: u64 = admin["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["ttft_model"]["samples"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_worker, 24);
+    assert_eq!(admin["fleet_ttft_model"]["samples"], 24);
+    assert_eq!(estimates.len(), 24);
+    gw.shutdown().await;
+}

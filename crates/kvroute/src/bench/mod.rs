@@ -14,6 +14,7 @@
 //! Must not: tune the workload or the targets to one another.
 
 pub mod client;
+pub mod engine;
 pub mod report;
 pub mod workload;
 
@@ -112,7 +113,11 @@ pub struct BenchOptions {
     pub requests_log: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub progress: bool,
-    /// The in-process gateway's load weight and junction weight.
+    /// Simulated workers behind a URL target: their `/admin/requests` give every request's
+    /// engine times and cached tokens (matched by prompt digest), whatever the gateway forwards.
+    pub engine_urls: Vec<String>,
+    /// The in-process gateway's cost model, load weight and junction weight.
+    pub cost: Option<crate::gateway::config::CostModel>,
     pub lambda: Option<f64>,
     pub junction_weight: Option<f64>,
 }
@@ -144,6 +149,8 @@ impl Default for BenchOptions {
             requests_log: None,
             plot: None,
             progress: true,
+            engine_urls: Vec::new(),
+            cost: None,
             lambda: None,
             junction_weight: None,
         }
@@ -188,6 +195,9 @@ async fn start_kvroute(o: &BenchOptions, fleet: &FleetSpec, policy: PolicyKind) 
     }
     if let Some(j) = o.junction_weight {
         g.weights.junction = j;
+    }
+    if let Some(c) = o.cost {
+        g.weights.cost = c;
     }
     for w in &sims.workers {
         let mut spec = WorkerSpec::new(&w.name, &w.base_url, &fleet.preset);
@@ -332,7 +342,22 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
                 request_timeout: o.request_timeout,
                 explain: matches!(t, Target::Kvroute(_)),
             };
-            let (outcomes, wall) = client::drive(&w, copts, bar.clone()).await;
+            let engines = matches!(t, Target::Url(_)) && !o.engine_urls.is_empty();
+            let marks = if engines {
+                engine::marks(&o.engine_urls).await?
+            } else {
+                Vec::new()
+            };
+            let (mut outcomes, wall) = client::drive(&w, copts, bar.clone()).await;
+            if engines {
+                let matched = engine::attach(&o.engine_urls, &marks, &mut outcomes).await?;
+                if matched < outcomes.iter().filter(|x| x.failure.is_none()).count() {
+                    eprintln!(
+                        "kvroute bench: {}: {matched} of the completed requests matched an engine record",
+                        t.label()
+                    );
+                }
+            }
             if let Some(r) = running {
                 r.gateway.shutdown().await;
             }

@@ -49,7 +49,13 @@ fn registry_error(e: RegistryError) -> Response {
 
 pub async fn list(State(st): State<Arc<AppState>>) -> Response {
     let workers: Vec<_> = st.registry.all().iter().map(|w| w.view()).collect();
-    Json(json!({"policy": st.policy().name(), "workers": workers, "index": st.registry.index.stats()})).into_response()
+    Json(json!({
+        "policy": st.policy().name(),
+        "workers": workers,
+        "fleet_ttft_model": st.registry.fleet_ttft.view(),
+        "index": st.registry.index.stats(),
+    }))
+    .into_response()
 }
 
 pub async fn add(State(st): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {

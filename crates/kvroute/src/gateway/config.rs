@@ -351,6 +351,30 @@ pub struct PolicyWeights {
     /// junction checkpoint that later requests sharing the prefix reuse). Hybrid-aware only.
     #[serde(default = "default_junction")]
     pub junction: f64,
+    /// What the cache policies minimise: `ttft` (the predicted time to first token, learned
+    /// per worker) or `tokens` (`expected_uncached + λ·load − μ·junction`).
+    #[serde(default)]
+    pub cost: CostModel,
+}
+
+/// The cache policies' cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CostModel {
+    #[default]
+    Ttft,
+    Tokens,
+}
+
+impl std::str::FromStr for CostModel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ttft" => Ok(CostModel::Ttft),
+            "tokens" => Ok(CostModel::Tokens),
+            _ => Err(format!("unknown cost model {s:?} (ttft | tokens)")),
+        }
+    }
 }
 
 fn default_junction() -> f64 {
@@ -370,6 +394,7 @@ impl Default for PolicyWeights {
             lambda: default_lambda(),
             tokens_per_request: default_request_tokens(),
             junction: default_junction(),
+            cost: CostModel::default(),
         }
     }
 }

@@ -12,6 +12,7 @@ use super::config::PolicyWeights;
 use super::pending::{prompt_checkpoint, Forecast, Prompt};
 use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
+use super::ttft::Work;
 use kvroute_index::rules::GroupEvidence;
 use kvroute_index::{BlockExtras, Params, Query};
 use serde::Serialize;
@@ -24,6 +25,11 @@ pub struct Decision {
     pub worker: String,
     pub prompt_tokens: usize,
     pub predicted_cached: u64,
+    /// The chosen worker's predicted time to first token (ms, the gateway's clock).
+    pub predicted_ttft_ms: f64,
+    /// The most any candidate was predicted to serve from cache (what load or a junction
+    /// outweighed when it exceeds `predicted_cached`).
+    pub best_cached: u64,
     /// Each group of the chosen worker's best rank, alone (when evidence was asked for).
     pub groups: Vec<GroupEvidence>,
     pub candidates: Vec<Candidate>,
@@ -188,13 +194,25 @@ pub fn decide<'a>(
             } else {
                 [0, 0]
             };
+            let forecast_cached = o.forecast.saturating_sub(cached);
+            let expected = n.saturating_sub(cached + forecast_cached);
+            let work = Work::new(
+                w.queued_prefill.load(std::sync::atomic::Ordering::Relaxed),
+                n - expected,
+                expected,
+                w.running(),
+            );
+            let (predicted_ttft_ms, ms_per_token) = w.ttft.predict(&registry.fleet_ttft, &work);
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
                 uncached: n - cached.min(n),
-                forecast_cached: o.forecast.saturating_sub(cached),
+                forecast_cached,
                 load: w.load_tokens(weights.tokens_per_request),
                 junction: o.junction,
+                predicted_ttft_ms,
+                work,
+                ms_per_token,
                 cost: 0.0,
                 checkpoints,
             }
@@ -225,6 +243,8 @@ pub fn decide<'a>(
             worker: first.as_ref().map(|c| c.worker.clone()).unwrap_or_default(),
             prompt_tokens: tokens.len(),
             predicted_cached: first.as_ref().map_or(0, |c| c.predicted_cached),
+            predicted_ttft_ms: first.as_ref().map_or(0.0, |c| c.predicted_ttft_ms),
+            best_cached: ranked.iter().map(|c| c.predicted_cached).max().unwrap_or(0),
             groups,
             candidates: ranked,
             decision_us,
@@ -235,7 +255,7 @@ pub fn decide<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::config::WorkerSpec;
+    use crate::gateway::config::{CostModel, WorkerSpec};
     use crate::gateway::registry::LoadGuard;
     use kvroute_index::event::{CacheKind, Event, Stored};
     use kvroute_index::hash::{HashAlgo, DEFAULT_SEED};
@@ -299,7 +319,13 @@ mod tests {
             });
             store_group(&registry, w, 1, CacheKind::Mamba, &[7; 64], |i| i == 3);
         }
-        let weights = PolicyWeights::default();
+        // The token cost without load: the forecast alone decides (the TTFT cost would weigh
+        // the prefill queued on "a" against the forecast; see the test below).
+        let weights = PolicyWeights {
+            lambda: 0.0,
+            cost: CostModel::Tokens,
+            ..PolicyWeights::default()
+        };
         fn run<'t>(
             registry: &Registry,
             workers: &[Arc<Worker>],
@@ -384,6 +410,7 @@ mod tests {
         sibling.extend(900..950);
         let weights = PolicyWeights {
             lambda: 0.0,
+            cost: CostModel::Tokens,
             ..PolicyWeights::default()
         };
         let run = |policy| {
@@ -403,5 +430,59 @@ mod tests {
         assert_eq!(d.candidates[0].expected_uncached(), 240 - 128);
         // Group-blind, like other routers, sees only what is stored.
         assert_eq!(run(PolicyKind::GroupBlind).worker, "a");
+    }
+
+    #[test]
+    fn the_ttft_cost_waits_for_a_prefilling_sibling_only_when_waiting_is_faster() {
+        let (registry, workers) = fleet(&["a", "b"]);
+        let prompt: Vec<u32> = (1..=2000).collect();
+        store(&registry, "a", &[7; 32]);
+        store(&registry, "b", &[7; 32]);
+        // "b" is prefilling the whole prompt (2,000 tokens queued).
+        let _in_flight = LoadGuard::new(workers[1].clone(), 2000)
+            .with_prompt(&Prompt::new(&prompt, &BlockExtras::default()), [1984, 0]);
+        let run = |tokens: &[u32]| {
+            decide(
+                &registry,
+                &workers,
+                tokens,
+                None,
+                false,
+                PolicyKind::HybridAware,
+                &PolicyWeights::default(),
+                0,
+                false,
+            )
+            .decision
+        };
+        // A sibling that shares 1,990 tokens: waiting for "b" and reusing 1,984 costs about
+        // 2,000 + 56 token-times, computing 2,040 on "a" about the same: the one with less
+        // total work wins, and the estimate is shown.
+        let mut near = prompt[..1990].to_vec();
+        near.extend(5000..5050);
+        let d = run(&near);
+        let by = |w: &str| {
+            d.candidates
+                .iter()
+                .find(|c| c.worker == w)
+                .cloned()
+                .expect("candidate")
+        };
+        assert!(by("b").predicted_ttft_ms > 0.0 && by("a").predicted_ttft_ms > 0.0);
+        assert_eq!(by("b").work.queued_tokens, 2000);
+        assert_eq!(by("b").work.own_tokens, 2040 - 1984);
+        assert_eq!(
+            d.worker, "a",
+            "2,000 + 56 queued-and-own tokens lose to 2,040"
+        );
+        assert_eq!(d.predicted_ttft_ms, by("a").predicted_ttft_ms);
+        // Once "a" has 3,000 tokens of other prefill queued, waiting for "b" is faster.
+        let _busy = LoadGuard::new(workers[0].clone(), 3000);
+        let d = run(&near);
+        assert_eq!(d.worker, "b");
+        assert_eq!(
+            d.predicted_cached, 0,
+            "the reported prediction stays the index's"
+        );
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Owns: the registry and every metric the gateway publishes: requests and decisions by policy
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
-//! decision and proxy latency, plus, rendered at scrape time, the index's counters and size and
+//! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
+//! given up), decision and proxy latency, plus, rendered at scrape time, the index's counters and size and
 //! the wire intake's counters.
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update.
@@ -23,6 +24,13 @@ pub struct Metrics {
     pub decision_seconds: HistogramVec,
     pub proxy_seconds: HistogramVec,
     pub retries: IntCounterVec,
+    /// Predicted minus observed TTFT (seconds), and the observed TTFT's relative error.
+    pub ttft_error: HistogramVec,
+    pub ttft_relative_error: HistogramVec,
+    /// Decisions where the chosen worker serves less from cache than the best candidate
+    /// offered (load or a junction outweighed the cache), and the cached tokens given up.
+    pub cache_overridden: IntCounterVec,
+    pub cached_forgone: IntCounterVec,
     index_counters: IntGaugeVec,
     index_size: IntGaugeVec,
     wire: IntGaugeVec,
@@ -100,6 +108,39 @@ impl Metrics {
             ),
             &["worker"],
         ));
+        let ttft_error = must(HistogramVec::new(
+            HistogramOpts::new(
+                "kvroute_ttft_prediction_error_seconds",
+                "Predicted minus observed time to first token (streamed requests)",
+            )
+            .buckets(vec![
+                -2.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, -0.005, 0.0, 0.005, 0.01, 0.02, 0.05,
+                0.1, 0.2, 0.5, 2.0,
+            ]),
+            &["worker"],
+        ));
+        let ttft_relative_error = must(HistogramVec::new(
+            HistogramOpts::new(
+                "kvroute_ttft_prediction_relative_error",
+                "|predicted - observed| / observed time to first token (streamed requests)",
+            )
+            .buckets(vec![0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0]),
+            &["worker"],
+        ));
+        let cache_overridden = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_decisions_cache_overridden_total",
+                "Decisions whose worker serves less from cache than the best candidate offered",
+            ),
+            &["policy"],
+        ));
+        let cached_forgone = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_decision_cached_tokens_forgone_total",
+                "Predicted cached tokens of the best candidate the chosen worker does not serve",
+            ),
+            &["policy"],
+        ));
         let index_counters = must(IntGaugeVec::new(
             Opts::new("kvroute_index_events", "Index counters (monotonic)"),
             &["counter"],
@@ -118,10 +159,18 @@ impl Metrics {
             &predicted_cached,
             &reported_cached,
             &retries,
+            &cache_overridden,
+            &cached_forgone,
         ] {
             must(registry.register(Box::new(c.clone())));
         }
-        for h in [&prediction_error, &decision_seconds, &proxy_seconds] {
+        for h in [
+            &prediction_error,
+            &decision_seconds,
+            &proxy_seconds,
+            &ttft_error,
+            &ttft_relative_error,
+        ] {
             must(registry.register(Box::new(h.clone())));
         }
         for g in [&index_counters, &index_size, &wire] {
@@ -137,6 +186,10 @@ impl Metrics {
             decision_seconds,
             proxy_seconds,
             retries,
+            ttft_error,
+            ttft_relative_error,
+            cache_overridden,
+            cached_forgone,
             index_counters,
             index_size,
             wire,

@@ -15,6 +15,7 @@ pub mod policy;
 pub mod proxy;
 pub mod registry;
 pub mod tokenize;
+pub mod ttft;
 
 use axum::routing::{delete, get, post, put};
 use axum::Router;

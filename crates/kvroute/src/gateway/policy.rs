@@ -1,12 +1,15 @@
 //! Routing policies: which worker a request goes to.
 //!
 //! Owns: `PolicyKind` (`hybrid-aware`, `group-blind`, `round-robin`, `least-load`) and the
-//! ranking of candidates by cost `uncached + λ·load` (tokens), ties broken by load, then name.
+//! ranking of candidates by cost — for the cache policies the predicted TTFT less the junction
+//! credit priced at the worker's prefill rate (or, with cost model `tokens`, the tokens
+//! `expected_uncached + λ·load − μ·junction`) —, ties broken by load, then name.
 //! Invariants: ranking is deterministic for equal inputs (round-robin aside); every candidate
 //! appears once in the ranking, best first (the retry takes the next one).
 //! Must not: look at sockets or the index: it ranks numbers the caller computed.
 
-use super::config::PolicyWeights;
+use super::config::{CostModel, PolicyWeights};
+use super::ttft::Work;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 
@@ -76,8 +79,19 @@ pub struct Candidate {
     /// Hybrid-aware only: the junction tokens credited ([`junction_credit`]).
     #[serde(skip_serializing_if = "is_zero")]
     pub junction: u64,
-    /// `expected_uncached + λ·load − μ·junction` (cache policies), `load` (least-load),
-    /// position (round-robin).
+    /// The predicted time to first token here (milliseconds, the gateway's clock): the prefill
+    /// queued ahead, this request's expected uncached tokens and attention work, and the
+    /// requests decoding there, through the worker's learned model ([`super::ttft`]).
+    pub predicted_ttft_ms: f64,
+    /// What the prediction was made from.
+    #[serde(skip)]
+    pub work: Work,
+    /// The model's cost of one more prefill token here (ms): the junction credit's price.
+    #[serde(skip)]
+    pub ms_per_token: f64,
+    /// Cache policies: `predicted_ttft_ms − μ·junction·ms_per_token` (cost model `ttft`), or
+    /// `expected_uncached + λ·load − μ·junction` tokens (cost model `tokens`); `load`
+    /// (least-load); position (round-robin).
     pub cost: f64,
     /// Where the engine will checkpoint this prompt if sent here (its last aligned position
     /// and its junction); recorded as in flight on the chosen worker.
@@ -137,8 +151,15 @@ pub fn rank(
         }
         PolicyKind::HybridAware | PolicyKind::GroupBlind => {
             for c in cands.iter_mut() {
-                c.cost = c.expected_uncached() as f64 + lambda * c.load
-                    - weights.junction * c.junction as f64;
+                c.cost = match weights.cost {
+                    CostModel::Ttft => {
+                        c.predicted_ttft_ms - weights.junction * c.junction as f64 * c.ms_per_token
+                    }
+                    CostModel::Tokens => {
+                        c.expected_uncached() as f64 + lambda * c.load
+                            - weights.junction * c.junction as f64
+                    }
+                };
             }
         }
     }
@@ -163,6 +184,9 @@ mod tests {
             forecast_cached: 0,
             load,
             junction: 0,
+            predicted_ttft_ms: 0.0,
+            work: Work::default(),
+            ms_per_token: 0.0,
             cost: 0.0,
             checkpoints: [0, 0],
         }
@@ -171,8 +195,40 @@ mod tests {
     fn w(lambda: f64) -> PolicyWeights {
         PolicyWeights {
             lambda,
+            cost: CostModel::Tokens,
             ..PolicyWeights::default()
         }
+    }
+
+    fn timed(w: &str, ttft: f64, junction: u64, ms_per_token: f64) -> Candidate {
+        let mut x = c(w, 0, 1000, 0.0);
+        x.predicted_ttft_ms = ttft;
+        x.junction = junction;
+        x.ms_per_token = ms_per_token;
+        x
+    }
+
+    #[test]
+    fn the_ttft_cost_picks_the_lowest_predicted_ttft_less_the_junctions_worth() {
+        let weights = PolicyWeights::default();
+        assert_eq!(weights.cost, CostModel::Ttft);
+        let r = rank(
+            PolicyKind::HybridAware,
+            vec![timed("a", 120.0, 0, 0.05), timed("b", 80.0, 0, 0.05)],
+            &weights,
+            0,
+        );
+        assert_eq!(r[0].worker, "b");
+        assert_eq!(r[0].cost, 80.0);
+        // 1000 junction tokens at 0.05 ms each are worth 50 ms of later prefill.
+        let r = rank(
+            PolicyKind::HybridAware,
+            vec![timed("a", 120.0, 1000, 0.05), timed("b", 80.0, 0, 0.05)],
+            &weights,
+            0,
+        );
+        assert_eq!(r[0].worker, "a");
+        assert_eq!(r[0].cost, 70.0);
     }
 
     #[test]

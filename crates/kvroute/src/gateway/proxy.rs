@@ -13,6 +13,7 @@ use super::decide::{candidates_for, decide, Decision};
 use super::pending::Prompt;
 use super::registry::{LoadGuard, Worker};
 use super::tokenize::{prompt_input, PromptInput, TokenizeError};
+use super::ttft::Work;
 use super::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -23,7 +24,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let kind = match status.as_u16() {
@@ -163,6 +164,20 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         .decision_seconds
         .with_label_values(&[policy.name()])
         .observe(ranked.decision.decision_us as f64 / 1e6);
+    let forgone = ranked
+        .decision
+        .best_cached
+        .saturating_sub(ranked.decision.predicted_cached);
+    if forgone > 0 {
+        st.metrics
+            .cache_overridden
+            .with_label_values(&[policy.name()])
+            .inc();
+        st.metrics
+            .cached_forgone
+            .with_label_values(&[policy.name()])
+            .inc_by(forgone);
+    }
 
     let mut last_err = String::new();
     for (attempt, worker) in ranked.order.iter().take(2).enumerate() {
@@ -180,17 +195,14 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         let mut decision = ranked.decision.clone();
         decision.worker = worker.spec.name.clone();
         decision.predicted_cached = predicted;
-        match forward(
-            st,
-            worker,
-            ep,
-            raw.clone(),
-            stream,
-            (uncached, in_flight),
+        decision.predicted_ttft_ms = cand.map_or(0.0, |c| c.predicted_ttft_ms);
+        let booking = Booking {
+            uncached,
+            in_flight,
             predicted,
-        )
-        .await
-        {
+            work: cand.map(|c| (c.work, c.predicted_ttft_ms)),
+        };
+        match forward(st, worker, ep, raw.clone(), stream, booking).await {
             Ok(mut resp) => {
                 st.metrics
                     .decisions
@@ -278,15 +290,50 @@ struct UpstreamError {
     retryable: bool,
 }
 
+/// What a forwarded request books on its worker, and what was predicted for it.
+struct Booking<'a> {
+    /// Prefill tokens charged to the worker until the first byte.
+    uncached: u64,
+    in_flight: Option<InFlight<'a>>,
+    predicted: u64,
+    /// The TTFT model's inputs and prediction: a streamed answer's first byte teaches the
+    /// worker's model (and the fleet's) what it took.
+    work: Option<(Work, f64)>,
+}
+
+/// Feeds an observed TTFT to the worker's and the fleet's models and the error histograms.
+fn observe_ttft(st: &AppState, worker: &Worker, work: &(Work, f64), elapsed: Duration) {
+    let (w, predicted_ms) = work;
+    let observed_ms = elapsed.as_secs_f64() * 1000.0;
+    worker.ttft.observe(w, observed_ms);
+    st.registry.fleet_ttft.observe(w, observed_ms);
+    let name = worker.spec.name.as_str();
+    st.metrics
+        .ttft_error
+        .with_label_values(&[name])
+        .observe((predicted_ms - observed_ms) / 1000.0);
+    if observed_ms > 0.0 {
+        st.metrics
+            .ttft_relative_error
+            .with_label_values(&[name])
+            .observe((predicted_ms - observed_ms).abs() / observed_ms);
+    }
+}
+
 async fn forward(
     st: &Arc<AppState>,
     worker: &Arc<Worker>,
     ep: Endpoint,
     body: Bytes,
     stream: bool,
-    (uncached, in_flight): (u64, Option<InFlight<'_>>),
-    predicted: u64,
+    booking: Booking<'_>,
 ) -> Result<Response, UpstreamError> {
+    let Booking {
+        uncached,
+        in_flight,
+        predicted,
+        work,
+    } = booking;
     let mut guard = LoadGuard::new(worker.clone(), uncached);
     if let Some((prompt, checkpoints)) = in_flight {
         guard = guard.with_prompt(prompt, checkpoints);
@@ -340,6 +387,7 @@ async fn forward(
     }
     // Streaming: pass chunks through as they arrive; the guard lives as long as the stream.
     let st2 = st.clone();
+    let worker2 = worker.clone();
     let mut first = true;
     let mut tail = Vec::<u8>::new();
     let upstream = resp.bytes_stream();
@@ -347,6 +395,9 @@ async fn forward(
         if first {
             first = false;
             guard.prefill_done();
+            if let (Some(w), Ok(_)) = (&work, &chunk) {
+                observe_ttft(&st2, &worker2, w, started.elapsed());
+            }
             st2.metrics
                 .proxy_seconds
                 .with_label_values(&[&name])

@@ -11,6 +11,7 @@
 
 use super::config::WorkerSpec;
 use super::pending::{Pending, Prompt};
+use super::ttft::TtftModel;
 use kvroute_index::{Engine, Event, Index, WorkerId};
 use kvroute_wire::{
     spawn_subscription, Dialect, EventSink, RankHealth, SubscriptionConfig, SubscriptionHandle,
@@ -55,6 +56,8 @@ pub struct Worker {
     pub engine: Mutex<EngineInfo>,
     /// Prompts in flight on this worker (what it is about to cache).
     pub pending: Pending,
+    /// This worker's TTFT, learned from what it answered.
+    pub ttft: TtftModel,
 }
 
 /// The engine generation a worker is predicted by, where that came from, and what the worker's
@@ -106,6 +109,8 @@ pub struct WorkerView {
     pub hash_lookahead_tokens: u32,
     /// Whether its matches drop the EAGLE block.
     pub eagle_drop: bool,
+    /// The worker's learned TTFT model.
+    pub ttft_model: super::ttft::TtftView,
 }
 
 impl Worker {
@@ -134,11 +139,21 @@ impl Worker {
             next_check: Mutex::new(Instant::now()),
             subscriptions: Mutex::new(Vec::new()),
             pending: Pending::default(),
+            ttft: TtftModel::default(),
         }
     }
 
     pub fn routable(&self) -> bool {
         self.healthy.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Requests running here: the gateway's own in flight, or the engine's count when it reports
+    /// more (other clients).
+    pub fn running(&self) -> u64 {
+        let mine = self.in_flight.load(Ordering::Relaxed);
+        let engine = self.engine_running.load(Ordering::Relaxed)
+            + self.engine_waiting.load(Ordering::Relaxed);
+        mine.max(engine)
     }
 
     /// Load in tokens: queued prefill plus a decode charge per request, taking the engine's own
@@ -201,6 +216,7 @@ impl Worker {
             engine_version: info.version,
             hash_lookahead_tokens: rules.lookahead,
             eagle_drop: rules.eagle_drop,
+            ttft_model: self.ttft.view(),
         }
     }
 }
@@ -264,6 +280,8 @@ pub enum RegistryError {
 pub struct Registry {
     workers: RwLock<BTreeMap<String, Arc<Worker>>>,
     pub index: Arc<Index>,
+    /// The TTFT model of the whole fleet: what a worker predicts from until it has its own.
+    pub fleet_ttft: TtftModel,
     pub wire_stats: Arc<WireStats>,
 }
 
@@ -272,6 +290,7 @@ impl Registry {
         Registry {
             workers: RwLock::new(BTreeMap::new()),
             index,
+            fleet_ttft: TtftModel::default(),
             wire_stats: Arc::new(WireStats::new()),
         }
     }

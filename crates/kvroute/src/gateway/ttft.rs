@@ -1,0 +1,349 @@
+//! Predicted time to first token, learned online per worker.
+//!
+//! Owns: [`Work`] (what a request asks of a worker when it arrives: the prefill queued ahead
+//! of it, its own uncached tokens, its attention work over the cached context, the requests
+//! decoding there), [`TtftModel`] (a linear model `ttft = a + b·tokens + c·pairs + d·running`
+//! fitted by recursive least squares with exponential forgetting, from the TTFT the gateway
+//! observes on every answered request), and [`reference_fit`], the literal weighted
+//! least-squares solution the recursion must equal.
+//! Invariants: the recursion's estimate equals the weighted least-squares fit with the prior
+//! (property-tested); a prediction never falls when work grows (coefficients are clamped at
+//! zero, the per-token cost at a floor); before its first observations a model predicts from
+//! its prior (an order-of-magnitude prefill rate), so decisions are defined from the first
+//! request on.
+//! Must not: read sockets or clocks; callers pass the observations.
+
+// The 4×4 matrix arithmetic reads clearest with indices.
+#![allow(clippy::needless_range_loop)]
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// Features, scaled so the coefficients are of similar size: [1, tokens/1000, pairs/1e6,
+/// running].
+pub const DIM: usize = 4;
+
+/// What a request asks of one worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Work {
+    /// Prefill tokens queued ahead of it (in-flight requests' exact uncached tokens).
+    pub queued_tokens: u64,
+    /// Its own uncached tokens there.
+    pub own_tokens: u64,
+    /// Attention work of its prefill: uncached × (cached + uncached / 2) token pairs.
+    pub pairs: f64,
+    /// Requests running (decoding) there.
+    pub running: u64,
+}
+
+impl Work {
+    pub fn new(queued_tokens: u64, cached: u64, uncached: u64, running: u64) -> Work {
+        Work {
+            queued_tokens,
+            own_tokens: uncached,
+            pairs: uncached as f64 * (cached as f64 + uncached as f64 / 2.0),
+            running,
+        }
+    }
+
+    fn features(&self) -> [f64; DIM] {
+        [
+            1.0,
+            (self.queued_tokens + self.own_tokens) as f64 / 1000.0,
+            self.pairs / 1e6,
+            self.running as f64,
+        ]
+    }
+}
+
+/// Forgetting factor: an observation's weight halves after about 350 newer ones, so a model
+/// follows an engine whose speed changes (another tenant, a restart) within minutes.
+pub const FORGET: f64 = 0.998;
+/// The prior: a fixed cost of 20 ms and 15,000 prefill tokens per second (an 8B-class model on
+/// one current GPU, order of magnitude), no attention or decode term; weak, so a few dozen
+/// observations replace it.
+pub const PRIOR: [f64; DIM] = [20.0, 1000.0 / 15_000.0 * 1000.0, 0.0, 0.0];
+/// Prior variances: wide for the fixed cost and the prefill rate, narrower for the attention
+/// and decode terms, which few requests excite independently (so a handful of observations
+/// cannot swing them to absurd values).
+const PRIOR_VARIANCE: [f64; DIM] = [1e4, 1e4, 1e2, 1e2];
+/// Lowest per-1000-token cost used when predicting (ms), so more prefill never looks free.
+const MIN_TOKEN_MS: f64 = 1e-3;
+
+/// A recursive least-squares fit (milliseconds).
+#[derive(Clone, Debug)]
+pub struct Rls {
+    theta: [f64; DIM],
+    p: [[f64; DIM]; DIM],
+    samples: u64,
+}
+
+impl Default for Rls {
+    fn default() -> Self {
+        let mut p = [[0.0; DIM]; DIM];
+        for (i, row) in p.iter_mut().enumerate() {
+            row[i] = PRIOR_VARIANCE[i];
+        }
+        Rls {
+            theta: PRIOR,
+            p,
+            samples: 0,
+        }
+    }
+}
+
+impl Rls {
+    /// One observation: features `x`, observed milliseconds `y`.
+    pub fn observe(&mut self, x: &[f64; DIM], y: f64) {
+        if !y.is_finite() || x.iter().any(|v| !v.is_finite()) {
+            return;
+        }
+        let px: [f64; DIM] = std::array::from_fn(|i| (0..DIM).map(|j| self.p[i][j] * x[j]).sum());
+        let denom = FORGET + (0..DIM).map(|i| x[i] * px[i]).sum::<f64>();
+        if denom <= 0.0 || !denom.is_finite() {
+            return;
+        }
+        let k: [f64; DIM] = std::array::from_fn(|i| px[i] / denom);
+        let err = y - (0..DIM).map(|i| x[i] * self.theta[i]).sum::<f64>();
+        for i in 0..DIM {
+            self.theta[i] += k[i] * err;
+        }
+        // P = (P − k·(Px)ᵀ) / λ  (P is symmetric, so xᵀP = (Px)ᵀ).
+        for i in 0..DIM {
+            for j in 0..DIM {
+                self.p[i][j] = (self.p[i][j] - k[i] * px[j]) / FORGET;
+            }
+        }
+        self.samples += 1;
+    }
+
+    pub fn theta(&self) -> [f64; DIM] {
+        self.theta
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Predicted milliseconds, with the coefficients clamped so that more work never costs
+    /// less.
+    pub fn predict(&self, x: &[f64; DIM]) -> f64 {
+        let t = &self.theta;
+        t[0].max(0.0) * x[0]
+            + t[1].max(MIN_TOKEN_MS) * x[1]
+            + t[2].max(0.0) * x[2]
+            + t[3].max(0.0) * x[3]
+    }
+
+    /// Milliseconds one more prefill token costs (the model's marginal rate).
+    pub fn ms_per_token(&self) -> f64 {
+        self.theta[1].max(MIN_TOKEN_MS) / 1000.0
+    }
+}
+
+/// The weighted least-squares fit the recursion equals: minimizes
+/// `Σ λ^(n−i) (y_i − x_iᵀθ)² + λ^n (θ − θ₀)ᵀ P₀⁻¹ (θ − θ₀)`, solved by the normal equations.
+pub fn reference_fit(obs: &[([f64; DIM], f64)]) -> [f64; DIM] {
+    let n = obs.len() as i32;
+    let mut a = [[0.0; DIM]; DIM];
+    let mut b = [0.0; DIM];
+    for i in 0..DIM {
+        let prior_w = FORGET.powi(n) / PRIOR_VARIANCE[i];
+        a[i][i] += prior_w;
+        b[i] += prior_w * PRIOR[i];
+    }
+    for (k, (x, y)) in obs.iter().enumerate() {
+        let w = FORGET.powi(n - 1 - k as i32);
+        for i in 0..DIM {
+            for j in 0..DIM {
+                a[i][j] += w * x[i] * x[j];
+            }
+            b[i] += w * x[i] * y;
+        }
+    }
+    solve(a, b)
+}
+
+/// Gaussian elimination with partial pivoting.
+fn solve(mut a: [[f64; DIM]; DIM], mut b: [f64; DIM]) -> [f64; DIM] {
+    for col in 0..DIM {
+        let piv = (col..DIM)
+            .max_by(|x, y| a[*x][col].abs().total_cmp(&a[*y][col].abs()))
+            .unwrap_or(col);
+        a.swap(col, piv);
+        b.swap(col, piv);
+        let d = a[col][col];
+        if d == 0.0 {
+            continue;
+        }
+        for row in col + 1..DIM {
+            let f = a[row][col] / d;
+            for k in col..DIM {
+                a[row][k] -= f * a[col][k];
+            }
+            b[row] -= f * b[col];
+        }
+    }
+    let mut x = [0.0; DIM];
+    for i in (0..DIM).rev() {
+        let s: f64 = (i + 1..DIM).map(|k| a[i][k] * x[k]).sum();
+        x[i] = if a[i][i] == 0.0 {
+            0.0
+        } else {
+            (b[i] - s) / a[i][i]
+        };
+    }
+    x
+}
+
+/// A model's coefficients as the admin API shows them.
+#[derive(Clone, Debug, Serialize)]
+pub struct TtftView {
+    pub samples: u64,
+    pub fixed_ms: f64,
+    pub ms_per_1k_tokens: f64,
+    pub ms_per_m_attention_pairs: f64,
+    pub ms_per_running_request: f64,
+}
+
+/// Observations a worker's own model needs before it is trusted over the fleet's.
+pub const OWN_MODEL_AFTER: u64 = 16;
+
+/// One worker's model, and the fleet-wide one new workers borrow until they have their own.
+#[derive(Debug, Default)]
+pub struct TtftModel {
+    rls: Mutex<Rls>,
+}
+
+impl TtftModel {
+    pub fn observe(&self, w: &Work, observed_ms: f64) {
+        self.rls.lock().observe(&w.features(), observed_ms);
+    }
+
+    pub fn snapshot(&self) -> Rls {
+        self.rls.lock().clone()
+    }
+
+    /// What the model has learned, for the admin view.
+    pub fn view(&self) -> TtftView {
+        let m = self.snapshot();
+        let t = m.theta();
+        TtftView {
+            samples: m.samples(),
+            fixed_ms: t[0],
+            ms_per_1k_tokens: t[1],
+            ms_per_m_attention_pairs: t[2],
+            ms_per_running_request: t[3],
+        }
+    }
+
+    /// Predicted milliseconds and the marginal cost of a prefill token, from this model once it
+    /// has seen [`OWN_MODEL_AFTER`] requests, else from `fleet`.
+    pub fn predict(&self, fleet: &TtftModel, w: &Work) -> (f64, f64) {
+        let own = self.snapshot();
+        let m = if own.samples() >= OWN_MODEL_AFTER {
+            own
+        } else {
+            fleet.snapshot()
+        };
+        (m.predict(&w.features()), m.ms_per_token())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_model_learns_an_engines_prefill_rate_and_fixed_cost() {
+        let mut m = Rls::default();
+        // An engine with 8 ms fixed cost, 40 µs per token, 2 ms per running request.
+        for i in 0..400u64 {
+            let w = Work::new((i * 37) % 5000, 0, 200 + (i * 91) % 3000, i % 7);
+            let x = w.features();
+            let y = 8.0 + 0.04 * (w.queued_tokens + w.own_tokens) as f64 + 2.0 * w.running as f64;
+            m.observe(&x, y);
+        }
+        let t = m.theta();
+        assert!((t[0] - 8.0).abs() < 0.05, "{t:?}");
+        assert!((t[1] - 40.0).abs() < 0.05, "{t:?}");
+        assert!(t[2].abs() < 0.05 && (t[3] - 2.0).abs() < 0.05, "{t:?}");
+        assert!((m.ms_per_token() - 0.04).abs() < 1e-4);
+    }
+
+    #[test]
+    fn more_work_never_predicts_less_time() {
+        let mut m = Rls::default();
+        // Nonsense observations that would fit a negative slope.
+        for i in 0..50u64 {
+            let w = Work::new(0, 0, i * 100, 0);
+            m.observe(&w.features(), 1000.0 - i as f64 * 10.0);
+        }
+        let small = m.predict(&Work::new(0, 0, 100, 0).features());
+        let big = m.predict(&Work::new(0, 0, 4000, 0).features());
+        assert!(big >= small);
+    }
+
+    #[test]
+    fn before_any_observation_a_model_predicts_from_its_prior() {
+        let fleet = TtftModel::default();
+        let own = TtftModel::default();
+        let (ms, per_token) = own.predict(&fleet, &Work::new(0, 0, 15_000, 0));
+        assert!((ms - 1020.0).abs() < 1e-6, "{ms}");
+        assert!((per_token - 1.0 / 15.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_worker_borrows_the_fleets_model_until_it_has_its_own() {
+        let fleet = TtftModel::default();
+        let own = TtftModel::default();
+        let w = Work::new(0, 0, 1000, 0);
+        for _ in 0..OWN_MODEL_AFTER {
+            fleet.observe(&w, 500.0);
+        }
+        for _ in 0..OWN_MODEL_AFTER - 1 {
+            own.observe(&w, 50.0);
+        }
+        let from_fleet = own.predict(&fleet, &w).0;
+        own.observe(&w, 50.0);
+        let from_own = own.predict(&fleet, &w).0;
+        assert!(
+            from_fleet > 300.0 && from_own < 100.0,
+            "{from_fleet} {from_own}"
+        );
+    }
+
+    #[test]
+    fn garbage_observations_are_ignored() {
+        let mut m = Rls::default();
+        m.observe(&[1.0, f64::NAN, 0.0, 0.0], 5.0);
+        m.observe(&[1.0, 1.0, 0.0, 0.0], f64::INFINITY);
+        assert_eq!(m.samples(), 0);
+        assert_eq!(m.theta(), PRIOR);
+    }
+
+    proptest! {
+        #[test]
+        fn the_recursion_equals_the_weighted_least_squares_fit(
+            rows in proptest::collection::vec((0u64..20_000, 0u64..8_000, 0u64..4_000, 0u64..64, 0.0f64..5_000.0), 1..120)
+        ) {
+            let mut m = Rls::default();
+            let mut obs = Vec::new();
+            for (q, c, u, r, y) in rows {
+                let x = Work::new(q, c, u, r).features();
+                m.observe(&x, y);
+                obs.push((x, y));
+            }
+            let want = reference_fit(&obs);
+            let got = m.theta();
+            // Compare predictions over the observed points (coefficients of collinear
+            // features are not identifiable, predictions are).
+            for (x, _) in &obs {
+                let p: f64 = (0..DIM).map(|i| x[i] * got[i]).sum();
+                let q: f64 = (0..DIM).map(|i| x[i] * want[i]).sum();
+                prop_assert!((p - q).abs() <= 1e-6 * (1.0 + q.abs()) + 1e-3, "{p} vs {q}");
+            }
+        }
+    }
+}
