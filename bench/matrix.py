@@ -1,0 +1,78 @@
+"""The peer matrix as a Markdown table, from the JSON files bench/peers.sh wrote.
+
+    python3 bench/matrix.py bench/out
+
+One row per cell (workload.preset.pool.load) and router: reuse, the arrival-time oracle, TTFT
+p50/p99 (engine time), failures, as means over the repeated runs with their range; then, per
+cell, kvroute hybrid-aware against the best peer (SMG and vllm-router policies). Writes the
+table to OUT/matrix.md too.
+"""
+import collections
+import json
+import pathlib
+import statistics
+import sys
+
+PEERS = ("smg-cache", "vr-cache", "vr-kv")
+ORDER = ("kvroute-hybrid", "kvroute-blind", "smg-cache", "vr-cache", "vr-kv", "round-robin")
+
+
+def load(out):
+    runs = collections.defaultdict(list)
+    for p in sorted(pathlib.Path(out).glob("*.json")):
+        parts = p.name.split(".")
+        if len(parts) < 7:
+            continue
+        cell, router = ".".join(parts[:4]), parts[4]
+        doc = json.loads(p.read_text())
+        runs[(cell, router)].append(doc["targets"][0])
+    return runs
+
+
+def mean(rs, key):
+    return statistics.fmean(r[key] for r in rs)
+
+
+def spread(rs, key, scale=1.0, digits=1):
+    if len(rs) < 2:
+        return ""
+    lo, hi = min(r[key] for r in rs) * scale, max(r[key] for r in rs) * scale
+    return f" ({lo:.{digits}f}–{hi:.{digits}f})"
+
+
+def main(out):
+    runs = load(out)
+    cells = sorted({c for c, _ in runs})
+    lines = ["| cell | router | runs | reuse % | oracle % | TTFT p50 ms | TTFT p99 ms | failed |",
+             "|---|---|---|---|---|---|---|---|"]
+    verdicts = ["", "| cell | kvroute p50 / best peer | kvroute p99 / best peer | kvroute reuse − best peer (pts) | of oracle | hybrid − blind reuse (pts) |",
+                "|---|---|---|---|---|---|"]
+    for cell in cells:
+        for router in ORDER:
+            rs = runs.get((cell, router))
+            if not rs:
+                continue
+            lines.append(
+                f"| {cell} | {router} | {len(rs)} | {mean(rs, 'reuse') * 100:.1f}{spread(rs, 'reuse', 100)} "
+                f"| {mean(rs, 'oracle_reuse') * 100:.1f} | {mean(rs, 'ttft_p50_ms'):.0f}{spread(rs, 'ttft_p50_ms', 1, 0)} "
+                f"| {mean(rs, 'ttft_p99_ms'):.0f}{spread(rs, 'ttft_p99_ms', 1, 0)} | {sum(r['failed'] for r in rs)} |")
+        k = runs.get((cell, "kvroute-hybrid"))
+        peers = [runs[(cell, p)] for p in PEERS if (cell, p) in runs]
+        if not k or not peers:
+            continue
+        best50 = min(mean(p, "ttft_p50_ms") for p in peers)
+        best99 = min(mean(p, "ttft_p99_ms") for p in peers)
+        best_reuse = max(mean(p, "reuse") for p in peers)
+        blind = runs.get((cell, "kvroute-blind"))
+        hb = f"{(mean(k, 'reuse') - mean(blind, 'reuse')) * 100:+.1f}" if blind else "–"
+        oracle = mean(k, "oracle_reuse")
+        verdicts.append(
+            f"| {cell} | {mean(k, 'ttft_p50_ms') / best50:.2f} | {mean(k, 'ttft_p99_ms') / best99:.2f} "
+            f"| {(mean(k, 'reuse') - best_reuse) * 100:+.1f} | {mean(k, 'reuse') / oracle * 100 if oracle else 0:.0f} % | {hb} |")
+    text = "\n".join(lines + verdicts) + "\n"
+    (pathlib.Path(out) / "matrix.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/out")
