@@ -88,7 +88,8 @@ pub struct BenchArgs {
     /// TTFT and cached tokens are read from their /admin/requests, for every target alike.
     #[arg(long, value_delimiter = ',')]
     engine_urls: Vec<String>,
-    /// The in-process gateway's cost model (ttft | tokens), λ and μ (default: the gateway's own).
+    /// The in-process gateway's cost model (ttft | tokens; default ttft at --speedup 1, tokens
+    /// when the fleet runs faster than real time), λ and μ (default: the gateway's own).
     #[arg(long)]
     cost: Option<kvroute::gateway::config::CostModel>,
     #[arg(long)]

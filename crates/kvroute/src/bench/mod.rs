@@ -116,7 +116,8 @@ pub struct BenchOptions {
     /// Simulated workers behind a URL target: their `/admin/requests` give every request's
     /// engine times and cached tokens (matched by prompt digest), whatever the gateway forwards.
     pub engine_urls: Vec<String>,
-    /// The in-process gateway's cost model, load weight and junction weight.
+    /// The in-process gateway's cost model (default: `ttft` in real time, `tokens` when the
+    /// fleet runs faster), load weight and junction weight.
     pub cost: Option<crate::gateway::config::CostModel>,
     pub lambda: Option<f64>,
     pub junction_weight: Option<f64>,
@@ -196,9 +197,13 @@ async fn start_kvroute(o: &BenchOptions, fleet: &FleetSpec, policy: PolicyKind) 
     if let Some(j) = o.junction_weight {
         g.weights.junction = j;
     }
-    if let Some(c) = o.cost {
-        g.weights.cost = c;
-    }
+    // The gateway learns TTFT from its own clock, which cannot see prefill when the fleet runs
+    // faster than real time: there the token cost ranks unless asked otherwise.
+    g.weights.cost = match o.cost {
+        Some(c) => c,
+        None if o.speedup != 1.0 => crate::gateway::config::CostModel::Tokens,
+        None => crate::gateway::config::CostModel::Ttft,
+    };
     for w in &sims.workers {
         let mut spec = WorkerSpec::new(&w.name, &w.base_url, &fleet.preset);
         spec.kv_events = Some(KvEventsSpec {

@@ -224,6 +224,12 @@ async fn run_policy(
     };
     cfg.weights.lambda = opts.lambda;
     cfg.weights.junction = opts.junction_weight;
+    // The gateway learns TTFT from its own clock; with engines simulated `speedup` times
+    // faster than real time that clock cannot see prefill, so a compressed demo ranks by the
+    // token cost (`docs/routing.md`).
+    if opts.speedup != 1.0 {
+        cfg.weights.cost = crate::gateway::config::CostModel::Tokens;
+    }
     for w in &fleet.workers {
         let mut spec = WorkerSpec::new(&w.name, &w.url, &w.model);
         spec.kv_events = Some(KvEventsSpec {

@@ -76,7 +76,15 @@ pub struct Rls {
     theta: [f64; DIM],
     p: [[f64; DIM]; DIM],
     samples: u64,
+    /// Running mean of squared residuals (ms²): the noise a coefficient must stand out from
+    /// before predictions use it.
+    noise: f64,
 }
+
+/// Weight of the newest squared error in [`Rls`]'s noise estimate.
+const NOISE_WEIGHT: f64 = 0.02;
+/// Answers before any learned coefficient is trusted over the prior.
+const TRUST_AFTER: u64 = 8;
 
 impl Default for Rls {
     fn default() -> Self {
@@ -88,6 +96,7 @@ impl Default for Rls {
             theta: PRIOR,
             p,
             samples: 0,
+            noise: 0.0,
         }
     }
 }
@@ -108,6 +117,13 @@ impl Rls {
         for i in 0..DIM {
             self.theta[i] += k[i] * err;
         }
+        // The noise is read from what the updated fit still misses.
+        let residual = y - (0..DIM).map(|i| x[i] * self.theta[i]).sum::<f64>();
+        self.noise = if self.samples == 0 {
+            residual * residual
+        } else {
+            (1.0 - NOISE_WEIGHT) * self.noise + NOISE_WEIGHT * residual * residual
+        };
         // P = (P − k·(Px)ᵀ) / λ  (P is symmetric, so xᵀP = (Px)ᵀ).
         for i in 0..DIM {
             for j in 0..DIM {
@@ -125,19 +141,37 @@ impl Rls {
         self.samples
     }
 
-    /// Predicted milliseconds, with the coefficients clamped so that more work never costs
-    /// less.
-    pub fn predict(&self, x: &[f64; DIM]) -> f64 {
+    /// Whether coefficient `i` stands out from the noise: positive and more than twice its
+    /// standard error (`√(noise · Pᵢᵢ)`), after [`TRUST_AFTER`] answers.
+    fn trusted(&self, i: usize) -> bool {
+        self.samples >= TRUST_AFTER
+            && self.theta[i] > 2.0 * (self.noise * self.p[i][i].max(0.0)).sqrt()
+    }
+
+    /// The coefficients predictions use: the fixed cost as fitted (at least 0); the prefill
+    /// rate as fitted once it stands out from the noise, else the prior's (where an engine's
+    /// prefill hides in the noise of its answers, as behind a simulator running faster than
+    /// real time, a typical rate still ranks more work as slower); the attention and decode
+    /// terms as fitted (at least 0).
+    pub fn effective(&self) -> [f64; DIM] {
         let t = &self.theta;
-        t[0].max(0.0) * x[0]
-            + t[1].max(MIN_TOKEN_MS) * x[1]
-            + t[2].max(0.0) * x[2]
-            + t[3].max(0.0) * x[3]
+        [
+            t[0].max(0.0),
+            if self.trusted(1) { t[1] } else { PRIOR[1] }.max(MIN_TOKEN_MS),
+            t[2].max(0.0),
+            t[3].max(0.0),
+        ]
+    }
+
+    /// Predicted milliseconds from [`Rls::effective`]: more work never costs less.
+    pub fn predict(&self, x: &[f64; DIM]) -> f64 {
+        let e = self.effective();
+        (0..DIM).map(|i| e[i] * x[i]).sum()
     }
 
     /// Milliseconds one more prefill token costs (the model's marginal rate).
     pub fn ms_per_token(&self) -> f64 {
-        self.theta[1].max(MIN_TOKEN_MS) / 1000.0
+        self.effective()[1] / 1000.0
     }
 }
 
@@ -204,6 +238,9 @@ pub struct TtftView {
     pub ms_per_1k_tokens: f64,
     pub ms_per_m_attention_pairs: f64,
     pub ms_per_running_request: f64,
+    /// Whether predictions use the fitted prefill rate (else the prior's; see
+    /// [`Rls::effective`]).
+    pub prefill_rate_learned: bool,
 }
 
 /// Observations a worker's own model needs before it is trusted over the fleet's.
@@ -234,6 +271,7 @@ impl TtftModel {
             ms_per_1k_tokens: t[1],
             ms_per_m_attention_pairs: t[2],
             ms_per_running_request: t[3],
+            prefill_rate_learned: m.trusted(1),
         }
     }
 
@@ -298,19 +336,45 @@ mod tests {
     fn a_worker_borrows_the_fleets_model_until_it_has_its_own() {
         let fleet = TtftModel::default();
         let own = TtftModel::default();
+        // The fleet's engines: 10 ms + 0.4 ms a token; this worker's: 5 ms + 0.04 ms a token.
+        let at = |k: u64| Work::new(0, 0, 500 + 250 * (k % 5), 0);
+        for k in 0..OWN_MODEL_AFTER * 2 {
+            fleet.observe(&at(k), 10.0 + 0.4 * at(k).own_tokens as f64);
+        }
+        for k in 0..OWN_MODEL_AFTER - 1 {
+            own.observe(&at(k), 5.0 + 0.04 * at(k).own_tokens as f64);
+        }
         let w = Work::new(0, 0, 1000, 0);
-        for _ in 0..OWN_MODEL_AFTER {
-            fleet.observe(&w, 500.0);
-        }
-        for _ in 0..OWN_MODEL_AFTER - 1 {
-            own.observe(&w, 50.0);
-        }
         let from_fleet = own.predict(&fleet, &w).0;
-        own.observe(&w, 50.0);
+        own.observe(
+            &at(OWN_MODEL_AFTER),
+            5.0 + 0.04 * at(OWN_MODEL_AFTER).own_tokens as f64,
+        );
         let from_own = own.predict(&fleet, &w).0;
+        assert!((from_fleet - 410.0).abs() < 5.0, "{from_fleet}");
+        assert!((from_own - 45.0).abs() < 5.0, "{from_own}");
+    }
+
+    #[test]
+    fn a_prefill_rate_hidden_in_noise_falls_back_to_the_prior() {
+        let mut m = Rls::default();
+        // 25 ms ± 10 ms whatever the work: no rate to see.
+        let mut rng = 12345u64;
+        for i in 0..300u64 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = (rng >> 11) as f64 / (1u64 << 53) as f64 * 20.0 - 10.0;
+            let w = Work::new((i * 37) % 3000, 0, 100 + (i * 91) % 2000, i % 5);
+            m.observe(&w.features(), 25.0 + noise);
+        }
+        assert_eq!(m.effective()[1], PRIOR[1]);
+        assert!((m.ms_per_token() - PRIOR[1] / 1000.0).abs() < 1e-12);
+        let small = m.predict(&Work::new(0, 0, 100, 0).features());
+        let big = m.predict(&Work::new(0, 0, 3000, 0).features());
         assert!(
-            from_fleet > 300.0 && from_own < 100.0,
-            "{from_fleet} {from_own}"
+            big > small + 100.0,
+            "more prefill still ranks as slower: {small} {big}"
         );
     }
 
