@@ -40,11 +40,21 @@ def spread(rs, key, scale=1.0, digits=1):
     return f" ({lo:.{digits}f}–{hi:.{digits}f})"
 
 
+def busiest(rs):
+    """The largest share of requests one worker took (the engines' own count)."""
+    shares = []
+    for r in rs:
+        total = sum(r.get("per_worker", {}).values())
+        if total:
+            shares.append(max(r["per_worker"].values()) / total)
+    return f"{statistics.fmean(shares) * 100:.0f} %" if shares else "–"
+
+
 def main(out):
     runs = load(out)
     cells = sorted({c for c, _ in runs})
-    lines = ["| cell | router | runs | reuse % | oracle % | TTFT p50 ms | TTFT p99 ms | failed |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| cell | router | runs | reuse % | oracle % | TTFT p50 ms | TTFT p99 ms | req/s | busiest worker | failed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = ["", "| cell | kvroute p50 / best peer | kvroute p99 / best peer | kvroute reuse − best peer (pts) | of oracle | hybrid − blind reuse (pts) |",
                 "|---|---|---|---|---|---|"]
     for cell in cells:
@@ -55,7 +65,8 @@ def main(out):
             lines.append(
                 f"| {cell} | {router} | {len(rs)} | {mean(rs, 'reuse') * 100:.1f}{spread(rs, 'reuse', 100)} "
                 f"| {mean(rs, 'oracle_reuse') * 100:.1f} | {mean(rs, 'ttft_p50_ms'):.0f}{spread(rs, 'ttft_p50_ms', 1, 0)} "
-                f"| {mean(rs, 'ttft_p99_ms'):.0f}{spread(rs, 'ttft_p99_ms', 1, 0)} | {sum(r['failed'] for r in rs)} |")
+                f"| {mean(rs, 'ttft_p99_ms'):.0f}{spread(rs, 'ttft_p99_ms', 1, 0)} | {mean(rs, 'throughput_rps'):.1f} "
+                f"| {busiest(rs)} | {sum(r['failed'] for r in rs)} |")
         k = runs.get((cell, "kvroute-hybrid"))
         peers = [runs[(cell, p)] for p in PEERS if (cell, p) in runs]
         if not k or not peers:

@@ -263,10 +263,20 @@ async fn a_multi_turn_session_sends_its_replies_back_and_reuses_them() {
         (Api::Chat, PromptFormat::Text),
     ] {
         sims.workers[0].worker.reset_prefix_cache();
-        let mut o = options(&sims.workers[0].base_url);
+        let base = sims.workers[0].base_url.clone();
+        let mut o = options(&base);
         o.api = api;
         o.format = format;
+        o.vocab = kvroute_sim::preset("llama").unwrap().vocab_size;
+        let marks = kvroute::bench::engine::marks(std::slice::from_ref(&base))
+            .await
+            .unwrap();
         let (mut outs, _) = drive(&w, o, indicatif::ProgressBar::hidden()).await;
+        // Every prompt's token view is exactly what the engine tokenized.
+        let matched = kvroute::bench::engine::attach(&[base], &marks, &mut outs)
+            .await
+            .unwrap();
+        assert_eq!(matched, 3, "{api:?} {format:?}");
         outs.sort_by_key(|o| o.turn);
         assert_eq!(outs.len(), 3, "{api:?} {format:?}");
         for (k, o) in outs.iter().enumerate() {

@@ -42,6 +42,8 @@ pub struct ClientOptions {
     pub model: String,
     pub api: Api,
     pub format: PromptFormat,
+    /// The target model's vocabulary (the simulator's spelling): how replies are tokenized and
+    /// chats rendered for the prompt's token view.
     pub vocab: u32,
     /// Arrival times and think times are divided by this.
     pub speedup: f64,

@@ -7,7 +7,8 @@
 //! records, matched to outcomes by prompt digest, first come first served).
 //! Invariants: a record is used once; an outcome keeps its own figures when no record matches;
 //! the engine's cached tokens replace a missing or different client-side figure (the engine is
-//! the truth).
+//! the truth); an outcome the gateway did not name a worker for is filed under the engine that
+//! served it.
 //! Must not: match by anything but the prompt's exact token ids.
 
 use super::client::Outcome;
@@ -17,6 +18,9 @@ use std::collections::{HashMap, VecDeque};
 
 #[derive(Deserialize)]
 struct Record {
+    /// Which of the given engine URLs finished it (filled in here).
+    #[serde(skip)]
+    engine: usize,
     prompt_digest: String,
     cached_tokens: u64,
     ttft_s: f64,
@@ -74,6 +78,9 @@ pub async fn attach(urls: &[String], marks: &[u64], outcomes: &mut [Outcome]) ->
             o.engine_ttft_s = Some(r.ttft_s);
             o.engine_e2e_s = Some(r.e2e_s);
             o.cached_tokens = Some(r.cached_tokens);
+            if o.worker.is_none() {
+                o.worker = urls.get(r.engine).cloned();
+            }
             matched += 1;
         }
     }

@@ -334,12 +334,15 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
                 (None, Some(f)) => f.preset.clone(),
                 (None, None) => discover_model(&url).await.unwrap_or_default(),
             };
+            // Replies are tokenized (and chats rendered) for the oracle's view with the target
+            // model's vocabulary when it is a simulator preset, so the view is the engine's.
+            let vocab = kvroute_sim::preset(&model).map_or(shape.vocab, |m| m.vocab_size);
             let copts = ClientOptions {
                 url,
                 model,
                 api: o.api,
                 format: o.prompt_format,
-                vocab: shape.vocab,
+                vocab,
                 speedup: o.speedup,
                 max_concurrency: o.max_concurrency,
                 max_requests: o.max_requests,
