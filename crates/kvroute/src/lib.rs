@@ -12,4 +12,5 @@ pub mod demo;
 pub mod events;
 pub mod explain;
 pub mod gateway;
+pub mod simfleet;
 pub mod tokens;

@@ -362,6 +362,11 @@ async fn a_gateway_that_strips_usage_is_still_measured_by_the_engine() {
         .unwrap();
     assert_eq!(matched, 2);
     let r = report::summarize("strip", "strip", &outs, 16, wall, 1.0);
+    assert_eq!(
+        r.per_worker.get(&sims.workers[0].base_url),
+        Some(&2),
+        "filed under its engine"
+    );
     assert_eq!(r.ttft_source, "engine");
     // The second request reuses the first's two full blocks below its last token.
     assert_eq!((r.prompt_tokens, r.cached_tokens), (96, 32));

@@ -57,8 +57,9 @@ pub async fn marks(urls: &[String]) -> Result<Vec<u64>> {
 /// `marks`; returns how many matched.
 pub async fn attach(urls: &[String], marks: &[u64], outcomes: &mut [Outcome]) -> Result<usize> {
     let mut by_digest: HashMap<String, VecDeque<Record>> = HashMap::new();
-    for (u, since) in urls.iter().zip(marks) {
-        for r in page(u, *since).await?.requests {
+    for (k, (u, since)) in urls.iter().zip(marks).enumerate() {
+        for mut r in page(u, *since).await?.requests {
+            r.engine = k;
             by_digest
                 .entry(r.prompt_digest.clone())
                 .or_default()

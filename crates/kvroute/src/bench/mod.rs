@@ -18,9 +18,8 @@ pub mod engine;
 pub mod report;
 pub mod workload;
 
-use crate::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
 use crate::gateway::policy::PolicyKind;
-use crate::gateway::Gateway;
+use crate::simfleet::{self, FleetShape, SimGateway};
 use anyhow::{bail, Context, Result};
 use client::{Api, ClientOptions, PromptFormat};
 use report::TargetReport;
@@ -158,71 +157,26 @@ impl Default for BenchOptions {
     }
 }
 
-/// A fresh simulated fleet and the gateway in front of it.
-struct Running {
-    url: String,
-    gateway: crate::gateway::GatewayHandle,
-    _fleet: kvroute_sim::Fleet,
-}
-
-/// `tcp://127.0.0.1:P` → `tcp://*:P` (the simulated engine binds, so the gateway connects).
-fn as_wildcard(endpoint: &str) -> String {
-    match endpoint
-        .strip_prefix("tcp://")
-        .and_then(|r| r.rsplit_once(':'))
-    {
-        Some((_, port)) => format!("tcp://*:{port}"),
-        None => endpoint.to_string(),
-    }
-}
-
-async fn start_kvroute(o: &BenchOptions, fleet: &FleetSpec, policy: PolicyKind) -> Result<Running> {
-    let mut cfg = kvroute_sim::WorkerConfig::for_preset(&fleet.preset)?;
-    cfg.speedup = o.speedup;
-    if fleet.blocks > 0 {
-        cfg.engine.num_blocks = fleet.blocks as u32;
-    }
-    let sims =
-        kvroute_sim::Fleet::start(kvroute_sim::FleetOptions::new(cfg, fleet.workers)).await?;
-    let mut g = GatewayConfig {
-        listen: "127.0.0.1:0".parse()?,
-        admin_listen: "127.0.0.1:0".parse()?,
-        policy,
-        health_interval_secs: 0.5,
-        ..GatewayConfig::default()
-    };
+async fn start_kvroute(
+    o: &BenchOptions,
+    fleet: &FleetSpec,
+    policy: PolicyKind,
+) -> Result<SimGateway> {
+    let mut weights = crate::gateway::config::PolicyWeights::default();
     if let Some(l) = o.lambda {
-        g.weights.lambda = l;
+        weights.lambda = l;
     }
     if let Some(j) = o.junction_weight {
-        g.weights.junction = j;
+        weights.junction = j;
     }
-    // The gateway learns TTFT from its own clock, which cannot see prefill when the fleet runs
-    // faster than real time: there the token cost ranks unless asked otherwise.
-    g.weights.cost = match o.cost {
-        Some(c) => c,
-        None if o.speedup != 1.0 => crate::gateway::config::CostModel::Tokens,
-        None => crate::gateway::config::CostModel::Ttft,
+    weights.cost = simfleet::cost_for(o.speedup, o.cost);
+    let shape = FleetShape {
+        preset: fleet.preset.clone(),
+        workers: fleet.workers,
+        blocks: fleet.blocks,
+        speedup: o.speedup,
     };
-    for w in &sims.workers {
-        let mut spec = WorkerSpec::new(&w.name, &w.base_url, &fleet.preset);
-        spec.kv_events = Some(KvEventsSpec {
-            endpoint: w.zmq.first().map(|e| as_wildcard(e)).unwrap_or_default(),
-            replay_endpoint: w.replay.first().map(|e| as_wildcard(e)),
-            topic: String::new(),
-            host: Some("127.0.0.1".into()),
-            dialect: "vllm".into(),
-        });
-        g.workers.push(spec);
-    }
-    let gateway = Gateway::start(g).await?;
-    // Let the subscriptions connect before the first request.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    Ok(Running {
-        url: format!("http://{}", gateway.addr),
-        gateway,
-        _fleet: sims,
-    })
+    simfleet::start(&shape, policy, weights).await
 }
 
 fn shape(o: &BenchOptions) -> Result<workload::Shape> {
@@ -367,7 +321,7 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
                 }
             }
             if let Some(r) = running {
-                r.gateway.shutdown().await;
+                r.stop().await;
             }
             let rep = report::summarize(&t.label(), &w.name, &outcomes, block, wall, time_scale);
             if o.requests_log.is_some() {

@@ -13,9 +13,7 @@ pub mod plot;
 pub mod report;
 pub mod trace;
 
-use crate::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
 use crate::gateway::policy::PolicyKind;
-use crate::gateway::Gateway;
 use anyhow::{Context, Result};
 use futures_util::StreamExt;
 use report::{PolicyResult, Sample};
@@ -81,15 +79,6 @@ impl Default for DemoOptions {
             repeat: 1,
         }
     }
-}
-
-/// One simulated worker as the gateway sees it.
-pub struct FleetWorker {
-    pub name: String,
-    pub url: String,
-    pub events: String,
-    pub replay: Option<String>,
-    pub model: String,
 }
 
 async fn one_request(
@@ -214,47 +203,25 @@ async fn run_policy(
     requests: &[trace::TraceRequest],
     bar: &indicatif::ProgressBar,
 ) -> Result<(PolicyResult, Vec<Sample>)> {
-    let fleet = fleet::start(opts).await?;
-    let mut cfg = GatewayConfig {
-        listen: "127.0.0.1:0".parse()?,
-        admin_listen: "127.0.0.1:0".parse()?,
-        policy,
-        health_interval_secs: 0.5,
-        ..GatewayConfig::default()
+    let weights = crate::gateway::config::PolicyWeights {
+        lambda: opts.lambda,
+        junction: opts.junction_weight,
+        cost: crate::simfleet::cost_for(opts.speedup, None),
+        ..Default::default()
     };
-    cfg.weights.lambda = opts.lambda;
-    cfg.weights.junction = opts.junction_weight;
-    // The gateway learns TTFT from its own clock; with engines simulated `speedup` times
-    // faster than real time that clock cannot see prefill, so a compressed demo ranks by the
-    // token cost (`docs/routing.md`).
-    if opts.speedup != 1.0 {
-        cfg.weights.cost = crate::gateway::config::CostModel::Tokens;
-    }
-    for w in &fleet.workers {
-        let mut spec = WorkerSpec::new(&w.name, &w.url, &w.model);
-        spec.kv_events = Some(KvEventsSpec {
-            endpoint: w.events.clone(),
-            replay_endpoint: w.replay.clone(),
-            topic: String::new(),
-            host: Some("127.0.0.1".into()),
-            dialect: "vllm".into(),
-        });
-        cfg.workers.push(spec);
-    }
-    let gw = Gateway::start(cfg).await?;
-    // Let the subscriptions connect before the first request.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let model = fleet
-        .workers
-        .first()
-        .map(|w| w.model.clone())
-        .unwrap_or_default();
-    let url = format!("http://{}", gw.addr);
+    let shape = crate::simfleet::FleetShape {
+        preset: opts.preset.clone(),
+        workers: opts.workers,
+        blocks: opts.blocks,
+        speedup: opts.speedup,
+    };
+    let gw = crate::simfleet::start(&shape, policy, weights).await?;
+    let model = opts.preset.clone();
+    let url = gw.url.clone();
     bar.set_message(policy.name());
     let (samples, engine_seconds) =
         replay(&url, &model, requests, opts.speedup, opts.rate, bar).await;
-    gw.shutdown().await;
-    fleet.stop().await;
+    gw.stop().await;
     Ok((
         report::summarize(policy.name(), &samples, engine_seconds),
         samples,
@@ -353,20 +320,8 @@ pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
 }
 
 mod fleet {
-    //! The simulated fleet the demo runs against (kvroute-sim, in process, on loopback).
-    use super::{DemoOptions, FleetWorker};
-    use anyhow::Result;
-
-    pub struct Fleet {
-        pub workers: Vec<FleetWorker>,
-        inner: kvroute_sim::Fleet,
-    }
-
-    impl Fleet {
-        pub async fn stop(self) {
-            drop(self.inner);
-        }
-    }
+    //! The preset facts the demo shapes its requests by.
+    use super::DemoOptions;
 
     pub fn max_prompt(opts: &DemoOptions) -> usize {
         kvroute_sim::preset(&opts.preset)
@@ -374,42 +329,7 @@ mod fleet {
             .saturating_sub(opts.max_output as usize + 1)
     }
 
-    /// `tcp://127.0.0.1:P` → `tcp://*:P`.
-    fn as_wildcard(endpoint: &str) -> String {
-        match endpoint
-            .strip_prefix("tcp://")
-            .and_then(|r| r.rsplit_once(':'))
-        {
-            Some((_, port)) => format!("tcp://*:{port}"),
-            None => endpoint.to_string(),
-        }
-    }
-
     pub fn vocab(opts: &DemoOptions) -> u32 {
         kvroute_sim::preset(&opts.preset).map_or(32_000, |m| m.vocab_size)
-    }
-
-    pub async fn start(opts: &DemoOptions) -> Result<Fleet> {
-        let mut cfg = kvroute_sim::WorkerConfig::for_preset(&opts.preset)?;
-        cfg.speedup = opts.speedup;
-        if opts.blocks > 0 {
-            cfg.engine.num_blocks = opts.blocks as u32;
-        }
-        let inner =
-            kvroute_sim::Fleet::start(kvroute_sim::FleetOptions::new(cfg, opts.workers)).await?;
-        let workers = inner
-            .workers
-            .iter()
-            .map(|h| FleetWorker {
-                name: h.name.clone(),
-                url: h.base_url.clone(),
-                // The simulated engine binds its sockets, as vLLM does for wildcard endpoints:
-                // describe them that way so the gateway connects.
-                events: h.zmq.first().map(|e| as_wildcard(e)).unwrap_or_default(),
-                replay: h.replay.first().map(|e| as_wildcard(e)),
-                model: opts.preset.clone(),
-            })
-            .collect();
-        Ok(Fleet { workers, inner })
     }
 }

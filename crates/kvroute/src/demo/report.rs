@@ -6,6 +6,7 @@
 //! the mean absolute difference between the gateway's prediction and the engine's report.
 //! Must not: invent numbers: a policy with no completed request reports zeros and its failures.
 
+use crate::bench::report::percentile;
 use serde::Serialize;
 
 #[derive(Clone, Debug, Default)]
@@ -123,14 +124,6 @@ pub fn combine(runs: &[PolicyResult]) -> Option<PolicyResult> {
     })
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
 pub fn summarize(policy: &str, samples: &[Sample], engine_seconds: f64) -> PolicyResult {
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
     let prompt: u64 = ok.iter().map(|s| s.prompt_tokens).sum();
@@ -154,7 +147,6 @@ pub fn summarize(policy: &str, samples: &[Sample], engine_seconds: f64) -> Polic
         pairs.iter().filter(|(p, r)| p == r).count() as f64 / pairs.len() as f64
     };
     let mut ttft: Vec<f64> = ok.iter().map(|s| s.ttft_ms).collect();
-    ttft.sort_by(f64::total_cmp);
     PolicyResult {
         policy: policy.to_string(),
         reuse: if prompt == 0 {
@@ -164,8 +156,8 @@ pub fn summarize(policy: &str, samples: &[Sample], engine_seconds: f64) -> Polic
         },
         prediction_error: err,
         prediction_exact: exact,
-        ttft_p50_ms: percentile(&ttft, 50.0),
-        ttft_p99_ms: percentile(&ttft, 99.0),
+        ttft_p50_ms: percentile(&mut ttft, 50.0),
+        ttft_p99_ms: percentile(&mut ttft, 99.0),
         throughput_rps: if engine_seconds > 0.0 {
             ok.len() as f64 / engine_seconds
         } else {
