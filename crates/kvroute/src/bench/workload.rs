@@ -306,6 +306,25 @@ fn fits(len: usize, user: usize, reply: u32, max_prompt: usize) -> bool {
     len + user + reply as usize <= max_prompt
 }
 
+/// Sessions over one shared system prompt, each with its turns (those with none dropped),
+/// starting as a Poisson process.
+fn conversations(name: &str, system: &[u32], turns: Vec<Vec<Turn>>, rng: &mut Rng) -> Workload {
+    let mut sessions: Vec<Session> = turns
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .map(|turns| Session {
+            start_ms: 0.0,
+            system: system.to_vec(),
+            turns,
+        })
+        .collect();
+    poisson_starts(&mut sessions, rng);
+    Workload {
+        name: name.into(),
+        sessions,
+    }
+}
+
 pub fn multi_turn(m: &MultiTurn, s: &Shape) -> Workload {
     let mut rng = Rng::new(s.seed ^ 0x4d54);
     let system = rng.words(m.system.min(s.max_prompt / 4), s.vocab);
@@ -327,20 +346,9 @@ pub fn multi_turn(m: &MultiTurn, s: &Shape) -> Workload {
                 branches: Vec::new(),
             });
         }
-        if turns.is_empty() {
-            continue;
-        }
-        sessions.push(Session {
-            start_ms: 0.0,
-            system: system.clone(),
-            turns,
-        });
+        sessions.push(turns);
     }
-    poisson_starts(&mut sessions, &mut rng);
-    Workload {
-        name: "multi-turn".into(),
-        sessions,
-    }
+    conversations("multi-turn", &system, sessions, &mut rng)
 }
 
 /// `agentic`: one long tool-use system prompt shared by every task; each task is a loop of
@@ -404,20 +412,9 @@ pub fn agentic(a: &Agentic, s: &Shape) -> Workload {
                 branches,
             });
         }
-        if turns.is_empty() {
-            continue;
-        }
-        sessions.push(Session {
-            start_ms: 0.0,
-            system: system.clone(),
-            turns,
-        });
+        sessions.push(turns);
     }
-    poisson_starts(&mut sessions, &mut rng);
-    Workload {
-        name: "agentic".into(),
-        sessions,
-    }
+    conversations("agentic", &system, sessions, &mut rng)
 }
 
 /// `rag`: `documents` shared documents of `document` tokens; each query puts `per_query` of
