@@ -96,6 +96,9 @@ pub struct BenchArgs {
     lambda: Option<f64>,
     #[arg(long)]
     junction_weight: Option<f64>,
+    /// The in-process gateway's pricing of a conversation's later turns (true | false).
+    #[arg(long)]
+    later_turns: Option<bool>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -158,6 +161,7 @@ impl BenchArgs {
             cost: self.cost,
             lambda: self.lambda,
             junction_weight: self.junction_weight,
+            later_turns: self.later_turns,
         })
     }
 }

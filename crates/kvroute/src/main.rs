@@ -211,6 +211,10 @@ struct ServeArgs {
     /// λ in `expected_uncached + λ·load − μ·junction` (cost model tokens).
     #[arg(long)]
     lambda: Option<f64>,
+    /// Cost model ttft: price the wait a worker's load adds to the conversation's later turns
+    /// (true, the default) or rank by this request's TTFT alone (false).
+    #[arg(long)]
+    later_turns: Option<bool>,
     /// μ: credit per full-attention prefix token beyond the hit (hybrid-aware).
     #[arg(long)]
     junction_weight: Option<f64>,
@@ -298,6 +302,9 @@ async fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(c) = a.cost {
         cfg.weights.cost = c;
+    }
+    if let Some(l) = a.later_turns {
+        cfg.weights.later_turns = l;
     }
     cfg.explain_always |= a.explain_always;
     for w in &a.workers {

@@ -695,3 +695,67 @@ async fn streamed_answers_teach_the_ttft_model_and_each_decision_shows_its_estim
     assert_eq!(estimates.len(), 24);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_are_recognised_and_only_a_new_one_is_priced_with_its_later_turns() {
+    let f = fleet(2).await;
+    let gw = gateway(f.workers.iter().map(spec).collect()).await;
+    // Ten conversations of three turns: each turn's prompt is the previous prompt, the reply
+    // and a new question, as a chat client sends it.
+    let mut follow_ups_seen = Vec::new();
+    for c in 0..10u32 {
+        let mut p = prompt(1000 + c, 64);
+        for turn in 0..3u32 {
+            let r = complete(&gw, json!({"prompt": p, "max_tokens": 4})).await;
+            assert_eq!(r.status, 200);
+            let k = r.decision["follow_ups"].as_f64().unwrap();
+            if turn == 0 {
+                follow_ups_seen.push(k);
+            } else {
+                assert_eq!(k, 0.0, "a follow-up is ranked by its own TTFT");
+                for cand in r.decision["candidates"].as_array().unwrap() {
+                    assert!(cand.get("later_turns_ms").is_none(), "{cand}");
+                }
+            }
+            let reply: Vec<u32> = r.body["choices"][0]["token_ids"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|t| t.as_u64())
+                        .map(|t| t as u32)
+                        .collect()
+                })
+                .unwrap_or_else(|| vec![7, 7, 7, 7]);
+            p.extend(reply);
+            p.extend(prompt(5000 + 10 * c + turn, 20));
+        }
+    }
+    // Two of every three requests were follow-ups: a new conversation expects about two more.
+    assert_eq!(
+        follow_ups_seen[0], 0.0,
+        "nothing is expected before any follow-up"
+    );
+    let last = *follow_ups_seen.last().unwrap();
+    assert!((1.5..=2.5).contains(&last), "expected follow-ups {last}");
+    let metrics = reqwest::get(format!("http://{}/metrics", gw.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("kvroute_follow_up_requests_total 20"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("kvroute_expected_follow_ups"));
+    let admin: Value = reqwest::get(format!("http://{}/admin/workers", gw.admin_addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for w in admin["workers"].as_array().unwrap() {
+        assert!(w["ttft_model"]["load_wait_ms"].as_f64().unwrap() >= 0.0);
+    }
+    gw.shutdown().await;
+}

@@ -120,6 +120,8 @@ pub struct BenchOptions {
     pub cost: Option<crate::gateway::config::CostModel>,
     pub lambda: Option<f64>,
     pub junction_weight: Option<f64>,
+    /// The in-process gateway's `weights.later_turns` (default: the gateway's own).
+    pub later_turns: Option<bool>,
 }
 
 impl Default for BenchOptions {
@@ -153,6 +155,7 @@ impl Default for BenchOptions {
             cost: None,
             lambda: None,
             junction_weight: None,
+            later_turns: None,
         }
     }
 }
@@ -168,6 +171,9 @@ async fn start_kvroute(
     }
     if let Some(j) = o.junction_weight {
         weights.junction = j;
+    }
+    if let Some(l) = o.later_turns {
+        weights.later_turns = l;
     }
     weights.cost = simfleet::cost_for(o.speedup, o.cost);
     let shape = FleetShape {

@@ -355,6 +355,15 @@ pub struct PolicyWeights {
     /// per worker) or `tokens` (`expected_uncached + λ·load − μ·junction`).
     #[serde(default)]
     pub cost: CostModel,
+    /// Cost model `ttft`: add, for each candidate, the wait its load adds to each later request
+    /// of the conversation times the follow-ups expected (learned from the traffic,
+    /// [`super::sessions`]). `false` ranks by this request's TTFT alone.
+    #[serde(default = "default_later_turns")]
+    pub later_turns: bool,
+}
+
+fn default_later_turns() -> bool {
+    true
 }
 
 /// The cache policies' cost.
@@ -395,6 +404,7 @@ impl Default for PolicyWeights {
             tokens_per_request: default_request_tokens(),
             junction: default_junction(),
             cost: CostModel::default(),
+            later_turns: default_later_turns(),
         }
     }
 }

@@ -30,6 +30,9 @@ pub struct Decision {
     /// The most any candidate was predicted to serve from cache (what load or a junction
     /// outweighed when it exceeds `predicted_cached`).
     pub best_cached: u64,
+    /// Further requests this one's conversation is expected to bring (the horizon of
+    /// `later_turns_ms`).
+    pub follow_ups: f64,
     /// Each group of the chosen worker's best rank, alone (when evidence was asked for).
     pub groups: Vec<GroupEvidence>,
     pub candidates: Vec<Candidate>,
@@ -182,6 +185,15 @@ pub fn decide<'a>(
             o.junction = junction_credit(o.prefix, o.forecast, fleet_best);
         }
     }
+    // Where a conversation starts, its later turns follow: a new conversation is priced with
+    // the wait each candidate's load will add to them. A follow-up's conversation already
+    // lives where its history is cached; moving it would re-prefill and re-store that history
+    // (the cache it destroys is not priced), so it is ranked by its own TTFT.
+    let follow_ups = if policy.uses_cache() && !registry.follow_ups.extends_earlier(tokens) {
+        registry.follow_ups.expected()
+    } else {
+        0.0
+    };
     let cands: Vec<Candidate> = workers
         .iter()
         .map(|w| {
@@ -203,6 +215,10 @@ pub fn decide<'a>(
                 w.running(),
             );
             let (predicted_ttft_ms, ms_per_token) = w.ttft.predict(&registry.fleet_ttft, &work);
+            let load_delay_ms = load_delay_ms(registry, w, &work);
+            // Later turns meet the load the worker has been showing, not the queue of this
+            // instant (which will have drained by then).
+            let later_turns_ms = follow_ups * w.ttft.load_wait_ms();
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
@@ -211,6 +227,8 @@ pub fn decide<'a>(
                 load: w.load_tokens(weights.tokens_per_request),
                 junction: o.junction,
                 predicted_ttft_ms,
+                later_turns_ms,
+                load_delay_ms,
                 work,
                 ms_per_token,
                 cost: 0.0,
@@ -245,11 +263,25 @@ pub fn decide<'a>(
             predicted_cached: first.as_ref().map_or(0, |c| c.predicted_cached),
             predicted_ttft_ms: first.as_ref().map_or(0.0, |c| c.predicted_ttft_ms),
             best_cached: ranked.iter().map(|c| c.predicted_cached).max().unwrap_or(0),
+            follow_ups,
             groups,
             candidates: ranked,
             decision_us,
         },
     }
+}
+
+/// The wait a worker's load adds to a request sent there now: its model's prediction for a
+/// request with no prefill of its own, less the same on an idle worker.
+fn load_delay_ms(registry: &Registry, w: &Worker, work: &Work) -> f64 {
+    let loaded = Work {
+        own_tokens: 0,
+        pairs: 0.0,
+        ..*work
+    };
+    let (busy, _) = w.ttft.predict(&registry.fleet_ttft, &loaded);
+    let (idle, _) = w.ttft.predict(&registry.fleet_ttft, &Work::default());
+    (busy - idle).max(0.0)
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@
 use kvroute_index::Index;
 use kvroute_wire::WireStats;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -31,6 +32,10 @@ pub struct Metrics {
     /// offered (load or a junction outweighed the cache), and the cached tokens given up.
     pub cache_overridden: IntCounterVec,
     pub cached_forgone: IntCounterVec,
+    /// Requests whose prompt extends an earlier one, and the further requests a conversation
+    /// is expected to bring (the policy's horizon, [`super::sessions`]).
+    pub follow_ups: IntCounter,
+    pub expected_follow_ups: Gauge,
     index_counters: IntGaugeVec,
     index_size: IntGaugeVec,
     wire: IntGaugeVec,
@@ -141,6 +146,16 @@ impl Metrics {
             ),
             &["policy"],
         ));
+        let follow_ups = must(IntCounter::new(
+            "kvroute_follow_up_requests_total",
+            "Requests whose prompt extends an earlier request's prompt token for token",
+        ));
+        let expected_follow_ups = must(Gauge::new(
+            "kvroute_expected_follow_ups",
+            "Further requests a conversation is expected to bring after the current one",
+        ));
+        must(registry.register(Box::new(follow_ups.clone())));
+        must(registry.register(Box::new(expected_follow_ups.clone())));
         let index_counters = must(IntGaugeVec::new(
             Opts::new("kvroute_index_events", "Index counters (monotonic)"),
             &["counter"],
@@ -190,6 +205,8 @@ impl Metrics {
             ttft_relative_error,
             cache_overridden,
             cached_forgone,
+            follow_ups,
+            expected_follow_ups,
             index_counters,
             index_size,
             wire,

@@ -14,6 +14,7 @@ pub mod pending;
 pub mod policy;
 pub mod proxy;
 pub mod registry;
+pub mod sessions;
 pub mod tokenize;
 pub mod ttft;
 

@@ -83,6 +83,13 @@ pub struct Candidate {
     /// queued ahead, this request's expected uncached tokens and attention work, and the
     /// requests decoding there, through the worker's learned model ([`super::ttft`]).
     pub predicted_ttft_ms: f64,
+    /// The wait this worker's load adds to each later request of the conversation, times the
+    /// follow-ups expected ([`super::sessions`]): later turns follow the cache placed now
+    /// (ms; 0 while no follow-ups are seen).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub later_turns_ms: f64,
+    /// The wait this worker's load adds to a request sent there now (ms).
+    pub load_delay_ms: f64,
     /// What the prediction was made from.
     #[serde(skip)]
     pub work: Work,
@@ -109,6 +116,10 @@ impl Candidate {
 
 fn is_zero(x: &u64) -> bool {
     *x == 0
+}
+
+fn is_zero_f(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// The junction tokens a hybrid-aware candidate is credited with: the full-attention prefix it
@@ -153,7 +164,13 @@ pub fn rank(
             for c in cands.iter_mut() {
                 c.cost = match weights.cost {
                     CostModel::Ttft => {
-                        c.predicted_ttft_ms - weights.junction * c.junction as f64 * c.ms_per_token
+                        let later = if weights.later_turns {
+                            c.later_turns_ms
+                        } else {
+                            0.0
+                        };
+                        c.predicted_ttft_ms + later
+                            - weights.junction * c.junction as f64 * c.ms_per_token
                     }
                     CostModel::Tokens => {
                         c.expected_uncached() as f64 + lambda * c.load
@@ -185,6 +202,8 @@ mod tests {
             load,
             junction: 0,
             predicted_ttft_ms: 0.0,
+            later_turns_ms: 0.0,
+            load_delay_ms: 0.0,
             work: Work::default(),
             ms_per_token: 0.0,
             cost: 0.0,
@@ -206,6 +225,38 @@ mod tests {
         x.junction = junction;
         x.ms_per_token = ms_per_token;
         x
+    }
+
+    #[test]
+    fn a_conversation_starts_where_its_later_turns_will_wait_least() {
+        let weights = PolicyWeights::default();
+        // "warm" serves this request 100 ms sooner, but its load makes each of the five turns
+        // expected after it wait 40 ms: over the conversation the cold worker is ahead.
+        let mut warm = timed("warm", 60.0, 0, 0.05);
+        warm.later_turns_ms = 5.0 * 40.0;
+        let cold = timed("cold", 160.0, 0, 0.05);
+        let r = rank(
+            PolicyKind::HybridAware,
+            vec![warm.clone(), cold.clone()],
+            &weights,
+            0,
+        );
+        assert_eq!(r[0].worker, "cold");
+        // Switched off, or with no follow-ups expected, only this request's TTFT counts.
+        let myopic = PolicyWeights {
+            later_turns: false,
+            ..PolicyWeights::default()
+        };
+        let r = rank(
+            PolicyKind::HybridAware,
+            vec![warm.clone(), cold.clone()],
+            &myopic,
+            0,
+        );
+        assert_eq!(r[0].worker, "warm");
+        warm.later_turns_ms = 0.0;
+        let r = rank(PolicyKind::HybridAware, vec![warm, cold], &weights, 0);
+        assert_eq!(r[0].worker, "warm");
     }
 
     #[test]

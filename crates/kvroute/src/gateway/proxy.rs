@@ -144,6 +144,9 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         return error(StatusCode::BAD_REQUEST, "the prompt is empty");
     }
     let policy = st.policy();
+    if policy.uses_cache() && st.registry.follow_ups.observe(&tokens) {
+        st.metrics.follow_ups.inc();
+    }
     let rr = st.rr.fetch_add(1, Ordering::Relaxed);
     let explain = st.config.explain_always
         || headers
@@ -160,6 +163,14 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         rr,
         explain,
     );
+    st.metrics
+        .expected_follow_ups
+        .set(ranked.decision.follow_ups);
+    for c in &ranked.decision.candidates {
+        if let Some(w) = ranked.order.iter().find(|w| w.spec.name == c.worker) {
+            w.ttft.sample_load_wait(c.load_delay_ms);
+        }
+    }
     st.metrics
         .decision_seconds
         .with_label_values(&[policy.name()])

@@ -11,6 +11,7 @@
 
 use super::config::WorkerSpec;
 use super::pending::{Pending, Prompt};
+use super::sessions::FollowUps;
 use super::ttft::TtftModel;
 use kvroute_index::{Engine, Event, Index, WorkerId};
 use kvroute_wire::{
@@ -282,6 +283,8 @@ pub struct Registry {
     pub index: Arc<Index>,
     /// The TTFT model of the whole fleet: what a worker predicts from until it has its own.
     pub fleet_ttft: TtftModel,
+    /// How many further requests a conversation brings (the policy's horizon).
+    pub follow_ups: FollowUps,
     pub wire_stats: Arc<WireStats>,
 }
 
@@ -291,6 +294,7 @@ impl Registry {
             workers: RwLock::new(BTreeMap::new()),
             index,
             fleet_ttft: TtftModel::default(),
+            follow_ups: FollowUps::default(),
             wire_stats: Arc::new(WireStats::new()),
         }
     }

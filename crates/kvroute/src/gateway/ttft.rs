@@ -241,6 +241,9 @@ pub struct TtftView {
     /// Whether predictions use the fitted prefill rate (else the prior's; see
     /// [`Rls::effective`]).
     pub prefill_rate_learned: bool,
+    /// The wait the worker's load recently added to requests sent there (ms,
+    /// [`TtftModel::load_wait_ms`]).
+    pub load_wait_ms: f64,
 }
 
 /// Observations a worker's own model needs before it is trusted over the fleet's.
@@ -250,9 +253,33 @@ pub const OWN_MODEL_AFTER: u64 = 16;
 #[derive(Debug, Default)]
 pub struct TtftModel {
     rls: Mutex<Rls>,
+    /// Exponentially weighted mean, over recent routing decisions, of the wait the worker's
+    /// load added to a request sent there (ms).
+    wait: Mutex<f64>,
 }
 
+/// Weight of the newest decision in a worker's load wait: about the last 32 decisions, the
+/// seconds within which a conversation's next turn arrives at hundreds of requests per
+/// minute; a queue that comes and goes between two decisions is averaged out.
+pub const WAIT_WEIGHT: f64 = 1.0 / 32.0;
+
 impl TtftModel {
+    /// Records the wait the worker's load adds to a request sent there now (one sample per
+    /// routing decision, every candidate alike).
+    pub fn sample_load_wait(&self, now_ms: f64) {
+        if !now_ms.is_finite() {
+            return;
+        }
+        let mut g = self.wait.lock();
+        *g += WAIT_WEIGHT * (now_ms.max(0.0) - *g);
+    }
+
+    /// The wait this worker's load recently added to requests sent there: what a
+    /// conversation's later turns sent here can expect.
+    pub fn load_wait_ms(&self) -> f64 {
+        *self.wait.lock()
+    }
+
     pub fn observe(&self, w: &Work, observed_ms: f64) {
         self.rls.lock().observe(&w.features(), observed_ms);
     }
@@ -272,6 +299,7 @@ impl TtftModel {
             ms_per_m_attention_pairs: t[2],
             ms_per_running_request: t[3],
             prefill_rate_learned: m.trusted(1),
+            load_wait_ms: self.load_wait_ms(),
         }
     }
 
@@ -376,6 +404,33 @@ mod tests {
             big > small + 100.0,
             "more prefill still ranks as slower: {small} {big}"
         );
+    }
+
+    #[test]
+    fn a_workers_load_wait_is_the_mean_of_recent_samples_and_forgets_a_passing_queue() {
+        let m = TtftModel::default();
+        for _ in 0..256 {
+            m.sample_load_wait(40.0);
+        }
+        assert!(
+            (m.load_wait_ms() - 40.0).abs() < 0.1,
+            "{}",
+            m.load_wait_ms()
+        );
+        // One decision that saw a long queue moves the mean by a thirty-second of it.
+        m.sample_load_wait(360.0);
+        assert!(
+            (m.load_wait_ms() - 50.0).abs() < 0.1,
+            "{}",
+            m.load_wait_ms()
+        );
+        for _ in 0..256 {
+            m.sample_load_wait(0.0);
+        }
+        assert!(m.load_wait_ms() < 0.1);
+        m.sample_load_wait(f64::NAN);
+        m.sample_load_wait(-5.0);
+        assert!(m.load_wait_ms().is_finite() && m.load_wait_ms() >= 0.0);
     }
 
     #[test]
