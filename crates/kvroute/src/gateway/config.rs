@@ -433,6 +433,14 @@ pub struct GatewayConfig {
     /// Seconds between health checks of a healthy worker.
     #[serde(default = "default_health")]
     pub health_interval_secs: f64,
+    /// Seconds between polls of every worker's `/metrics` (the engines' own running, waiting
+    /// and KV-usage figures, which correct what this gateway booked: other replicas and
+    /// clients send there too).
+    #[serde(default = "default_load_poll")]
+    pub load_poll_interval_secs: f64,
+    /// Timeout of one worker's `/metrics` poll, seconds.
+    #[serde(default = "default_load_poll")]
+    pub load_poll_timeout_secs: f64,
     /// Upstream request timeout, seconds.
     #[serde(default = "default_timeout")]
     pub request_timeout_secs: f64,
@@ -457,6 +465,9 @@ fn default_body() -> usize {
 fn default_health() -> f64 {
     2.0
 }
+fn default_load_poll() -> f64 {
+    0.5
+}
 fn default_timeout() -> f64 {
     600.0
 }
@@ -475,6 +486,8 @@ impl Default for GatewayConfig {
             max_body_bytes: default_body(),
             explain_always: false,
             health_interval_secs: default_health(),
+            load_poll_interval_secs: default_load_poll(),
+            load_poll_timeout_secs: default_load_poll(),
             request_timeout_secs: default_timeout(),
             digest_cache_tokens: default_digest_cache(),
             workers: Vec::new(),
@@ -492,6 +505,14 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !self.admin_listen.ip().is_loopback() && self.admin_token.is_none() {
             return Err("admin_listen is not loopback: set admin_token".into());
+        }
+        for (name, v) in [
+            ("load_poll_interval_secs", self.load_poll_interval_secs),
+            ("load_poll_timeout_secs", self.load_poll_timeout_secs),
+        ] {
+            if !(v.is_finite() && (0.01..=60.0).contains(&v)) {
+                return Err(format!("{name} must be between 0.01 and 60 seconds"));
+            }
         }
         if !(self.weights.lambda.is_finite() && self.weights.lambda >= 0.0) {
             return Err("weights.lambda must be a finite number ≥ 0".into());

@@ -208,12 +208,7 @@ pub fn decide<'a>(
             };
             let forecast_cached = o.forecast.saturating_sub(cached);
             let expected = n.saturating_sub(cached + forecast_cached);
-            let work = Work::new(
-                w.queued_prefill.load(std::sync::atomic::Ordering::Relaxed),
-                n - expected,
-                expected,
-                w.running(),
-            );
+            let work = Work::new(w.queued_tokens(), n - expected, expected, w.running());
             let (predicted_ttft_ms, ms_per_token) = w.ttft.predict(&registry.fleet_ttft, &work);
             let load_delay_ms = load_delay_ms(registry, w, &work);
             // Later turns meet the load the worker has been showing, not the queue of this

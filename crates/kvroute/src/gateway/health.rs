@@ -1,37 +1,15 @@
-//! Health checks and engine load: `/health` and `/metrics` of every worker, with backoff, and
-//! each vLLM worker's `/version` once.
+//! Health checks: `/health` of every worker, with backoff, and each vLLM worker's `/version`
+//! once.
 //!
 //! Owns: the background loop that probes each worker when due (healthy: every interval;
-//! failing: exponential backoff up to 30 s), reads `vllm:num_requests_running` and
-//! `vllm:num_requests_waiting` from its Prometheus text, and asks a healthy worker's
-//! `GET /version` until it answers (the registry then records the engine generation).
+//! failing: exponential backoff up to 30 s) and asks a healthy worker's `GET /version` until
+//! it answers (the registry then records the engine generation). The engines' load figures
+//! are polled by [`super::engine_load`].
 //! Must not: remove workers (only mark them).
 
 use super::registry::Registry;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Sum of a metric's samples (all label sets) in Prometheus text.
-pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
-        }
-        let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-        if let Some(v) = value {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
-}
 
 /// A worker's `GET /version`: `Some(Some(version))` when it names one, `Some(None)` when it
 /// answers without one (not a vLLM server: not asked again), `None` when it did not answer (asked
@@ -86,21 +64,6 @@ pub async fn run(
                         registry.engine_reported(&w, v.as_deref());
                     }
                 }
-                if let Ok(r) = client
-                    .get(format!("{base}/metrics"))
-                    .timeout(Duration::from_secs(2))
-                    .send()
-                    .await
-                {
-                    if let Ok(text) = r.text().await {
-                        if let Some(v) = metric_sum(&text, "vllm:num_requests_running") {
-                            w.engine_running.store(v.max(0.0) as u64, Ordering::Relaxed);
-                        }
-                        if let Some(v) = metric_sum(&text, "vllm:num_requests_waiting") {
-                            w.engine_waiting.store(v.max(0.0) as u64, Ordering::Relaxed);
-                        }
-                    }
-                }
             } else {
                 w.mark_failure();
             }
@@ -109,17 +72,5 @@ pub async fn run(
             _ = tokio::time::sleep(interval.min(Duration::from_millis(250))) => {}
             _ = stop.changed() => return,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metric_sums_cover_every_label_set() {
-        let t = "# HELP x\nvllm:num_requests_running{engine=\"0\"} 2.0\nvllm:num_requests_running{engine=\"1\"} 3\nvllm:num_requests_running_total 9\n";
-        assert_eq!(metric_sum(t, "vllm:num_requests_running"), Some(5.0));
-        assert_eq!(metric_sum(t, "vllm:num_requests_waiting"), None);
     }
 }

@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod config;
 pub mod decide;
+pub mod engine_load;
 pub mod health;
 pub mod metrics;
 pub mod pending;
@@ -144,7 +145,19 @@ impl Gateway {
         }
         let interval = Duration::from_secs_f64(config.health_interval_secs.max(0.05));
         tasks.push(tokio::spawn(health::run(
-            registry, client, interval, stop_rx,
+            registry.clone(),
+            client.clone(),
+            interval,
+            stop_rx.clone(),
+        )));
+        let poll = Duration::from_secs_f64(config.load_poll_interval_secs.clamp(0.01, 60.0));
+        let poll_timeout = Duration::from_secs_f64(config.load_poll_timeout_secs.clamp(0.01, 60.0));
+        tasks.push(tokio::spawn(engine_load::run(
+            registry,
+            client,
+            poll,
+            poll_timeout,
+            stop_rx,
         )));
         tracing::info!(%addr, %admin_addr, policy = config.policy.name(), "gateway listening");
         Ok(GatewayHandle {

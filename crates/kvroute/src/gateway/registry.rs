@@ -10,6 +10,7 @@
 //! Must not: choose workers (policy does) or proxy requests.
 
 use super::config::WorkerSpec;
+use super::engine_load::EngineLoad;
 use super::pending::{Pending, Prompt};
 use super::sessions::FollowUps;
 use super::ttft::TtftModel;
@@ -47,9 +48,12 @@ pub struct Worker {
     pub draining: AtomicBool,
     pub in_flight: AtomicU64,
     pub queued_prefill: AtomicU64,
-    /// From the engine's `/metrics` (`vllm:num_requests_running` + `_waiting`).
-    pub engine_running: AtomicU64,
-    pub engine_waiting: AtomicU64,
+    /// This gateway's requests here whose first byte has not come back yet.
+    pub prefilling: AtomicU64,
+    /// Mean prefill tokens this gateway booked per request here (weight of the newest 1/32).
+    pub mean_prefill: Mutex<f64>,
+    /// The engine's own figures from its `/metrics` ([`super::engine_load`]).
+    pub engine_load: Mutex<EngineLoad>,
     pub consecutive_failures: AtomicU32,
     pub next_check: Mutex<Instant>,
     pub subscriptions: Mutex<Vec<SubscriptionHandle>>,
@@ -97,8 +101,10 @@ pub struct WorkerView {
     pub queued_prefill_tokens: u64,
     /// Prompts recorded in flight for the hybrid-aware forecast.
     pub in_flight_prompts: usize,
-    pub engine_running: u64,
-    pub engine_waiting: u64,
+    /// The engine's own figures (`/metrics`) and how many polls read or failed.
+    pub engine_load: EngineLoad,
+    /// Requests running or waiting here from every sender, as decisions count them.
+    pub running_estimate: u64,
     pub dp_size: u32,
     pub subscriptions: usize,
     /// The engine generation predictions follow (`vllm-0.32`, `vllm-0.33`).
@@ -134,8 +140,9 @@ impl Worker {
             draining: AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
             queued_prefill: AtomicU64::new(0),
-            engine_running: AtomicU64::new(0),
-            engine_waiting: AtomicU64::new(0),
+            prefilling: AtomicU64::new(0),
+            mean_prefill: Mutex::new(0.0),
+            engine_load: Mutex::new(EngineLoad::default()),
             consecutive_failures: AtomicU32::new(0),
             next_check: Mutex::new(Instant::now()),
             subscriptions: Mutex::new(Vec::new()),
@@ -148,23 +155,32 @@ impl Worker {
         self.healthy.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
     }
 
-    /// Requests running here: the gateway's own in flight, or the engine's count when it reports
-    /// more (other clients).
+    /// Requests running or waiting here, from every sender: the engine's last figures plus
+    /// what this gateway sent since (other replicas and clients included), or the gateway's
+    /// own count while the engine reports nothing fresh.
     pub fn running(&self) -> u64 {
-        let mine = self.in_flight.load(Ordering::Relaxed);
-        let engine = self.engine_running.load(Ordering::Relaxed)
-            + self.engine_waiting.load(Ordering::Relaxed);
-        mine.max(engine)
+        let own = self.in_flight.load(Ordering::Relaxed);
+        let load = *self.engine_load.lock();
+        load.running_estimate(own, load.fresh(Instant::now()))
     }
 
-    /// Load in tokens: queued prefill plus a decode charge per request, taking the engine's own
-    /// queue when it reports more requests than the gateway knows of (other clients).
+    /// Prefill tokens queued here: this gateway's own bookings, plus, while the engine's
+    /// figures are fresh, the requests waiting there that are not this gateway's (other
+    /// replicas, other clients) at this gateway's mean prefill per request.
+    pub fn queued_tokens(&self) -> u64 {
+        let own = self.queued_prefill.load(Ordering::Relaxed);
+        let load = *self.engine_load.lock();
+        if !load.fresh(Instant::now()) {
+            return own;
+        }
+        let others = load.waiting.saturating_sub(load.own_prefilling_at_poll);
+        own + (others as f64 * *self.mean_prefill.lock()) as u64
+    }
+
+    /// Load in tokens: queued prefill ([`Worker::queued_tokens`]) plus a decode charge per
+    /// running request ([`Worker::running`]).
     pub fn load_tokens(&self, tokens_per_request: f64) -> f64 {
-        let mine = self.in_flight.load(Ordering::Relaxed);
-        let engine = self.engine_running.load(Ordering::Relaxed)
-            + self.engine_waiting.load(Ordering::Relaxed);
-        self.queued_prefill.load(Ordering::Relaxed) as f64
-            + tokens_per_request * mine.max(engine) as f64
+        self.queued_tokens() as f64 + tokens_per_request * self.running() as f64
     }
 
     pub fn mark_success(&self) {
@@ -193,6 +209,8 @@ impl Worker {
     }
 
     pub fn view(&self) -> WorkerView {
+        // Copied out first: the guard must not live into `running()`, which locks it again.
+        let engine_load = *self.engine_load.lock();
         let info = self.engine.lock().clone();
         let rules = self
             .spec
@@ -208,8 +226,8 @@ impl Worker {
             in_flight: self.in_flight.load(Ordering::Relaxed),
             queued_prefill_tokens: self.queued_prefill.load(Ordering::Relaxed),
             in_flight_prompts: self.pending.len(),
-            engine_running: self.engine_running.load(Ordering::Relaxed),
-            engine_waiting: self.engine_waiting.load(Ordering::Relaxed),
+            engine_load,
+            running_estimate: self.running(),
             dp_size: self.spec.dp_size,
             subscriptions: self.subscriptions.lock().len(),
             engine: info.engine,
@@ -234,6 +252,11 @@ impl LoadGuard {
     pub fn new(worker: Arc<Worker>, prefill: u64) -> LoadGuard {
         worker.in_flight.fetch_add(1, Ordering::Relaxed);
         worker.queued_prefill.fetch_add(prefill, Ordering::Relaxed);
+        worker.prefilling.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut m = worker.mean_prefill.lock();
+            *m += (prefill as f64 - *m) / 32.0;
+        }
         LoadGuard {
             worker,
             prefill,
@@ -254,6 +277,7 @@ impl LoadGuard {
             self.worker
                 .queued_prefill
                 .fetch_sub(self.prefill, Ordering::Relaxed);
+            self.worker.prefilling.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
