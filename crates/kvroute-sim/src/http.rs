@@ -131,12 +131,20 @@ fn vocab(w: &Worker) -> u32 {
     w.config().engine.spec.vocab_size
 }
 
-/// The vLLM release the simulated engine behaves as (what `GET /version` reports; gateways
-/// read it to recognise a vLLM backend and its hashing rules).
+/// The vLLM release a simulated engine of the default generation (vLLM 0.32) reports.
 pub const ENGINE_VERSION: &str = "0.32.0";
 
-async fn version() -> Response {
-    Json(json!({ "version": ENGINE_VERSION })).into_response()
+/// The vLLM release a simulated engine of generation `engine` behaves as (what `GET /version`
+/// reports; gateways read it to recognise a vLLM backend and its hashing rules).
+pub fn engine_version(engine: kvroute_index::Engine) -> &'static str {
+    match engine {
+        kvroute_index::Engine::Vllm032 => ENGINE_VERSION,
+        kvroute_index::Engine::Vllm033 => "0.33.0",
+    }
+}
+
+async fn version(State(w): W) -> Response {
+    Json(json!({ "version": engine_version(w.config().engine.engine) })).into_response()
 }
 
 async fn models(State(w): W) -> Response {
