@@ -97,6 +97,20 @@ pub struct NewRequest {
     pub cache_salt: Option<String>,
     /// Requests that skip reading the prefix cache (prompt logprobs) hit 0.
     pub skip_prefix_cache: bool,
+    /// The LoRA adapter the request runs with: its blocks hash with `("lora", name, path)`
+    /// and its stores name it.
+    pub lora: Option<Lora>,
+}
+
+/// A LoRA adapter as vLLM's `LoRARequest` names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lora {
+    /// `lora_name`: what requests ask for as their `model`.
+    pub name: String,
+    /// `lora_path`, as given to `--lora-modules` (part of the block hash).
+    pub path: String,
+    /// `lora_int_id`: 1, 2, … in the order the adapters were loaded (`BlockStored.lora_id`).
+    pub id: i64,
 }
 
 /// One generated token.
@@ -161,6 +175,7 @@ struct Req {
     digests: Vec<Digest>,
     hashes: Vec<u64>,
     extras: BlockExtras,
+    lora_id: Option<i64>,
     max_tokens: usize,
     forced: Vec<u32>,
     seed: u64,
@@ -304,9 +319,10 @@ impl Engine {
             tokens: r.prompt,
             digests: Vec::new(),
             hashes: Vec::new(),
+            lora_id: r.lora.as_ref().map(|l| l.id),
             extras: BlockExtras {
                 cache_salt: r.cache_salt,
-                lora: None,
+                lora: r.lora.map(|l| (l.name, l.path)),
             },
             max_tokens: r.max_tokens.max(1),
             forced: r.forced_output.unwrap_or_default(),
@@ -381,6 +397,7 @@ impl Engine {
                 hashes: &r.hashes,
                 extras: &r.extras,
                 lookahead,
+                lora_id: r.lora_id,
             },
             num_prompt: r.prompt_len,
             shared_prefix_boundary: r.junction,
@@ -634,10 +651,10 @@ impl Engine {
     }
 
     /// The request's hit if it arrived now (no state change): for tests and the admin view.
-    pub fn peek_hit(&self, prompt: &[u32], salt: Option<&str>) -> usize {
+    pub fn peek_hit(&self, prompt: &[u32], salt: Option<&str>, lora: Option<&Lora>) -> usize {
         let extras = BlockExtras {
             cache_salt: salt.map(str::to_string),
-            lora: None,
+            lora: lora.map(|l| (l.name.clone(), l.path.clone())),
         };
         let h = self.params.hash_block as usize;
         let hashes: Vec<u64> = self

@@ -147,21 +147,31 @@ async fn version(State(w): W) -> Response {
     Json(json!({ "version": engine_version(w.config().engine.engine) })).into_response()
 }
 
+/// The base model, then each adapter as vLLM lists it: `root` its path, `parent` the base.
 async fn models(State(w): W) -> Response {
     let cfg = w.config();
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": cfg.model,
+    let created = crate::worker::unix_now() as u64;
+    let mut data = vec![json!({
+        "id": cfg.model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": cfg.model,
+        "parent": Value::Null,
+        "max_model_len": cfg.engine.max_model_len,
+    })];
+    data.extend(cfg.lora_modules.iter().map(|m| {
+        json!({
+            "id": m.name,
             "object": "model",
-            "created": crate::worker::unix_now() as u64,
+            "created": created,
             "owned_by": "vllm",
-            "root": cfg.model,
-            "parent": Value::Null,
-            "max_model_len": cfg.engine.max_model_len,
-        }]
-    }))
-    .into_response()
+            "root": m.path,
+            "parent": cfg.model,
+            "max_model_len": Value::Null,
+        })
+    }));
+    Json(json!({ "object": "list", "data": data })).into_response()
 }
 
 fn messages(v: &Value) -> Result<Vec<Message>, ApiError> {
@@ -419,6 +429,10 @@ fn common(body: &Value, prompt: Vec<u32>, w: &Worker, chat: bool) -> Result<Comm
             forced_output: forced,
             cache_salt,
             skip_prefix_cache: skip,
+            lora: body
+                .get("model")
+                .and_then(Value::as_str)
+                .and_then(|m| w.config().lora(m)),
         },
     })
 }

@@ -28,11 +28,11 @@ pub mod wire;
 pub mod worker;
 pub mod zmtp;
 
-pub use engine::{Engine, EngineConfig, Lookup, NewRequest, StepOutcome, TokenOut};
+pub use engine::{Engine, EngineConfig, Lookup, Lora, NewRequest, StepOutcome, TokenOut};
 pub use error::SimError;
 pub use fleet::{serve, start_worker, Fleet, FleetOptions, SimHandle};
 pub use publisher::{PublisherConfig, ReplayLayout};
 pub use spec::{preset, GroupKind, GroupSpec, ModelSpec, PRESETS};
 pub use timing::TimeModel;
 pub use wire::WireFormat;
-pub use worker::{Submission, Worker, WorkerConfig};
+pub use worker::{LoraModule, Submission, Worker, WorkerConfig};

@@ -40,6 +40,8 @@ pub struct ReqView<'a> {
     pub extras: &'a BlockExtras,
     /// Lookahead tokens each hash covers (vLLM 0.33's `num_hash_lookahead_tokens`; 0: none).
     pub lookahead: usize,
+    /// The request's LoRA adapter id (`BlockStored.lora_id`).
+    pub lora_id: Option<i64>,
 }
 
 impl ReqView<'_> {
@@ -380,7 +382,7 @@ impl BlockPool {
             } else {
                 Some(extra_keys)
             },
-            lora_id: None,
+            lora_id: req.lora_id,
             lora_name: req.extras.lora.as_ref().map(|(n, _)| n.clone()),
             lookahead_token_ids: lookahead,
         }));
@@ -436,7 +438,7 @@ impl BlockPool {
                 hashes: vec![EngineHash::int(hash)],
                 token_ids: req.tokens.get(start..end).unwrap_or_default().to_vec(),
                 extra_keys: Some(vec![req.event_extra_keys(start)]),
-                lora_id: None,
+                lora_id: req.lora_id,
                 lora_name: req.extras.lora.as_ref().map(|(n, _)| n.clone()),
                 lookahead_token_ids: req.lookahead_ids(end).map(|ids| vec![ids]),
             }));
@@ -486,6 +488,7 @@ mod tests {
             hashes,
             extras,
             lookahead: 0,
+            lora_id: None,
         }
     }
 

@@ -35,6 +35,7 @@ fn replay(name: &str) -> (usize, Vec<String>, Vec<String>) {
                     forced_output: Some(r.output_token_ids.clone()),
                     cache_salt: r.cache_salt.clone(),
                     skip_prefix_cache: false,
+                    lora: None,
                 })
                 .unwrap();
             let mut batches: Vec<Vec<Event>> = Vec::new();

@@ -1,6 +1,6 @@
 //! The simulator's hit equals kvroute-index's prediction from the simulator's own events.
 //!
-//! Random workloads (conversations, shared prefixes, branches, repeats, salts,
+//! Random workloads (conversations, shared prefixes, branches, repeats, salts, LoRA adapters,
 //! concurrency, pools small enough to evict and preempt) run on every preset. Each step's events are
 //! applied to an `Index` in order; at each prefix-cache lookup the index has seen exactly the
 //! events emitted before it, and its prediction must equal the hit the simulator used. The
@@ -15,7 +15,7 @@
 use kvroute_index::hash::{BlockExtras, HashAlgo, DEFAULT_SEED};
 use kvroute_index::WorkerConfig;
 use kvroute_index::{Engine as Generation, HashMode, Index, LookupConfig, Query, Speculative};
-use kvroute_sim::{Engine, EngineConfig, GroupKind, NewRequest, PRESETS};
+use kvroute_sim::{Engine, EngineConfig, GroupKind, Lora, NewRequest, PRESETS};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -24,6 +24,7 @@ use std::collections::HashMap;
 struct Live {
     tokens: Vec<u32>,
     salt: Option<String>,
+    lora: Option<Lora>,
 }
 
 fn fresh(rng: &mut StdRng, n: usize, vocab: u32) -> Vec<u32> {
@@ -199,7 +200,15 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
             let mut prompt = prompt;
             prompt.truncate(max_prompt);
             let max_tokens = rng.gen_range(1..=max_out);
-
+            // Some requests run with one of two LoRA adapters (hashed with their key).
+            let lora = rng.gen_bool(0.2).then(|| {
+                let id = rng.gen_range(1..3);
+                Lora {
+                    name: format!("adapter-{id}"),
+                    path: format!("/adapters/{id}"),
+                    id,
+                }
+            });
             let h = engine
                 .add_request(NewRequest {
                     id: format!("r{submitted}"),
@@ -208,6 +217,7 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
                     forced_output: None,
                     cache_salt: salt.clone(),
                     skip_prefix_cache: false,
+                    lora: lora.clone(),
                 })
                 .unwrap();
             live.insert(
@@ -215,6 +225,7 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
                 Live {
                     tokens: prompt,
                     salt,
+                    lora,
                 },
             );
             submitted += 1;
@@ -249,7 +260,7 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
                 tokens: r.tokens.clone(),
                 extras: BlockExtras {
                     cache_salt: r.salt.clone(),
-                    lora: None,
+                    lora: r.lora.as_ref().map(|l| (l.name.clone(), l.path.clone())),
                 },
                 skip_prefix_cache: false,
             };

@@ -82,6 +82,11 @@ pub struct SimWorkerArgs {
     /// hashes blocks with lookahead tokens; on 0.32 its matches drop the last block.
     #[arg(long, value_parser = parse_speculative)]
     speculative_config: Option<kvroute_index::Speculative>,
+    /// LoRA adapters served beside the base model, as vLLM's `--lora-modules`: `name=path`
+    /// (or `{"name": …, "path": …}`), one or more. A request whose `model` is `name` runs with
+    /// the adapter: its blocks hash with `("lora", name, path)` and its stores name it.
+    #[arg(long, num_args = 1..)]
+    lora_modules: Vec<kvroute_sim::LoraModule>,
 }
 
 fn parse_engine(s: &str) -> Result<kvroute_index::Engine, String> {
@@ -121,6 +126,7 @@ fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
     e.engine = a.engine_version;
     e.speculative = a.speculative_config.clone();
     e.spec.params()?;
+    cfg.lora_modules = a.lora_modules.clone();
     if let Some(name) = &a.served_model_name {
         cfg.model = name.clone();
     }
