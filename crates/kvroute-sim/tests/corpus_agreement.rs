@@ -35,7 +35,7 @@ fn replay(name: &str) -> (usize, Vec<String>, Vec<String>) {
                     forced_output: Some(r.output_token_ids.clone()),
                     cache_salt: r.cache_salt.clone(),
                     skip_prefix_cache: false,
-                    lora: None,
+                    lora: r.lora(),
                 })
                 .unwrap();
             let mut batches: Vec<Vec<Event>> = Vec::new();
@@ -133,7 +133,7 @@ fn check(name: &str) {
 #[test]
 fn every_committed_corpus_replays_with_identical_hits_and_events() {
     let names = corpus::all_corpora();
-    assert!(names.len() >= 7, "corpora found: {names:?}");
+    assert!(names.len() >= 8, "corpora found: {names:?}");
     for name in names {
         check(&name);
     }

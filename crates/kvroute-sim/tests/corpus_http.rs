@@ -4,7 +4,8 @@
 //! Per corpus worker: a simulated worker configured as the recorded engine, publishing to a
 //! concrete `tcp://127.0.0.1:P` endpoint (it connects, as vLLM does for concrete endpoints),
 //! with the subscriber binding `P` only after the worker serves. Each recorded request is sent
-//! as `POST /v1/completions` with its token-id prompt, `cache_salt` and the recorded output
+//! as `POST /v1/completions` with its token-id prompt, `cache_salt`, its LoRA adapter as the
+//! `model` (the worker serving the recorded adapters) and the recorded output
 //! (`forced_output_token_ids`), one at a time as recorded; the reply's
 //! `usage.prompt_tokens_details.cached_tokens` must equal the engine's hit, and the events the
 //! subscriber receives must equal the recorded events (timestamps aside).
@@ -67,6 +68,7 @@ async fn replay(c: &Corpus) -> Vec<String> {
         let mut cfg = WorkerConfig::for_preset(corpus::preset_of(&c.meta)).unwrap();
         cfg.engine = corpus::config_for(&c.meta, &w);
         cfg.speedup = 1e6;
+        cfg.lora_modules = corpus::lora_modules(&c.meta);
         cfg.zmq = Some(PublisherConfig::new(&format!("tcp://127.0.0.1:{port}")));
         let sim = fleet::start_worker(&w, cfg, ([127, 0, 0, 1], 0).into())
             .await
@@ -82,8 +84,12 @@ async fn replay(c: &Corpus) -> Vec<String> {
             recorded.extend(corpus::decode_frame(&w, &f.frames).events);
         }
         for r in c.requests.iter().filter(|r| r.worker == w) {
+            let model = r
+                .lora_name
+                .clone()
+                .unwrap_or_else(|| sim.worker.config().model.clone());
             let mut body = json!({
-                "model": sim.worker.config().model,
+                "model": model,
                 "prompt": r.prompt_token_ids,
                 "max_tokens": r.output_token_ids.len().max(1),
                 "forced_output_token_ids": r.output_token_ids,
@@ -127,7 +133,7 @@ async fn replay(c: &Corpus) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_committed_corpus_gives_the_recorded_hits_and_events_over_http_and_zmq() {
     let names = corpus::all_corpora();
-    assert!(names.len() >= 7, "corpora found: {names:?}");
+    assert!(names.len() >= 8, "corpora found: {names:?}");
     let mut errors = Vec::new();
     let mut requests = 0;
     for name in &names {

@@ -15,6 +15,15 @@ pub struct Meta {
     pub engine_args: serde_json::Value,
     pub hash_algo: String,
     pub none_hash_seed: String,
+    /// The LoRA adapters the engine served, in load order (`lora_int_id` 1, 2, …).
+    #[serde(default)]
+    pub lora_modules: Vec<LoraModuleLine>,
+}
+
+#[derive(Deserialize)]
+pub struct LoraModuleLine {
+    pub name: String,
+    pub path: String,
 }
 
 #[derive(Deserialize)]
@@ -33,6 +42,23 @@ pub struct RequestLine {
     pub cache_salt: Option<String>,
     pub output_token_ids: Vec<u32>,
     pub num_cached_tokens: usize,
+    #[serde(default)]
+    pub lora_name: Option<String>,
+    #[serde(default)]
+    pub lora_path: Option<String>,
+    #[serde(default)]
+    pub lora_id: Option<i64>,
+}
+
+impl RequestLine {
+    /// The adapter the request ran with.
+    pub fn lora(&self) -> Option<kvroute_sim::Lora> {
+        Some(kvroute_sim::Lora {
+            name: self.lora_name.clone()?,
+            path: self.lora_path.clone()?,
+            id: self.lora_id?,
+        })
+    }
 }
 
 /// One corpus, read whole.
@@ -105,6 +131,17 @@ pub fn preset_of(meta: &Meta) -> &'static str {
         "Qwen3NextForCausalLM" => "tiny-qwen3-next",
         other => panic!("no preset for {other}"),
     }
+}
+
+/// The worker configuration's adapters for the recorded engine's, in load order.
+pub fn lora_modules(meta: &Meta) -> Vec<kvroute_sim::LoraModule> {
+    meta.lora_modules
+        .iter()
+        .map(|m| kvroute_sim::LoraModule {
+            name: m.name.clone(),
+            path: m.path.clone(),
+        })
+        .collect()
 }
 
 /// The engine configuration that reproduces the recorded engine for `worker`.
