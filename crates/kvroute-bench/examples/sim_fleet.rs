@@ -88,6 +88,7 @@ fn run(preset: &str) {
                 forced_output: Some(output.clone()),
                 cache_salt: None,
                 skip_prefix_cache: false,
+                lora: None,
             })
             .is_err()
             {

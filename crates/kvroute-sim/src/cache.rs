@@ -1,7 +1,8 @@
 //! The KV cache manager: vLLM 0.32's coordinator and per-kind managers over one block pool.
 //!
 //! Owns: per (request, group) block tables; the hit lookup (`find_longest_cache_hit`, unitary
-//! or the hybrid fixed point, with the junction it detects); `allocate_slots` (freeing blocks
+//! or the hybrid fixed point, with the junction it detects, and with EAGLE's drop: each group
+//! looks one block past the candidate length and drops it, once per candidate length); `allocate_slots` (freeing blocks
 //! that left a window, chunk or superseded Mamba state, the admission check, allocation,
 //! caching with the retention masks); freeing finished requests; the prefix-cache reset.
 //! Invariants: events come out of the pool in the order vLLM emits them (evictions during
@@ -27,6 +28,9 @@ pub struct CacheConfig {
     /// Mamba layers that export a prefill checkpoint inside one forward pass (Mamba2:
     /// Nemotron-H); GDN (Qwen3-Next) does not, so the scheduler splits chunks there instead.
     pub prefill_checkpoints: bool,
+    /// EAGLE-style speculation whose matches drop the last block (vLLM 0.32, or 0.33 without
+    /// lookahead hashes): every group is an EAGLE group.
+    pub eagle_drop: bool,
 }
 
 /// The request facts the manager needs.
@@ -155,18 +159,21 @@ impl KvCache {
         let a = self.params.align as usize;
         let h = self.params.hash_block;
         let n_groups = self.groups.len();
+        let eagle = self.cfg.eagle_drop;
         if self.params.unitary {
             let (spec, ids) = &self.lookups[0];
-            let (blocks, len) = groups::find(&self.pool, hashes, h, spec, ids, max_len, a);
+            let (blocks, len) = groups::find(&self.pool, hashes, h, spec, ids, max_len, a, eagle);
             return finish(n_groups, vec![(ids.clone(), blocks)], len, 0);
         }
         let mut hit = max_len;
         let mut longest = 0usize;
         let mut found: Vec<Option<(Vec<BlockId>, usize)>> = vec![None; n_groups];
         let simple = self.lookups.len() == 2 && self.lookups[0].0.kind.is_full();
+        // Lookups whose EAGLE drop is verified at the current candidate length.
+        let mut verified = vec![false; self.lookups.len()];
         loop {
             let mut curr = hit;
-            for (spec, ids) in &self.lookups {
+            for (li, (spec, ids)) in self.lookups.iter().enumerate() {
                 let first = ids[0] as usize;
                 if spec.kind.is_full() {
                     if let Some((_, len)) = &found[first] {
@@ -174,7 +181,19 @@ impl KvCache {
                         continue;
                     }
                 }
-                let (blocks, len) = groups::find(&self.pool, hashes, h, spec, ids, curr, a);
+                let drop = eagle && !verified[li];
+                let mut max = curr;
+                if drop && spec.kind != GroupKind::Mamba {
+                    // Match one block past the candidate, then drop it (a Mamba finder never
+                    // drops, so it gets no margin).
+                    max = (curr + spec.block_size as usize).min(hashes.len() * h as usize);
+                }
+                let (blocks, len) = groups::find(&self.pool, hashes, h, spec, ids, max, a, drop);
+                if drop {
+                    verified[li] = true;
+                } else if len < curr {
+                    verified.iter_mut().for_each(|v| *v = false);
+                }
                 curr = len;
                 for (gid, bl) in ids.iter().zip(blocks) {
                     found[*gid as usize] = Some((bl, len));
@@ -321,6 +340,7 @@ impl KvCache {
             hash_block: self.params.hash_block as usize,
             retention: self.cfg.retention,
             boundaries: &boundaries,
+            eagle: self.cfg.eagle_drop,
         };
         for gi in 0..self.groups.len() {
             let n = if unitary {

@@ -5,9 +5,13 @@
 //! chunked prefill, Mamba block-aligned chunk splitting, preemption when the pool runs out,
 //! deterministic sampling (or forced output tokens), the simulated clock and the prefix-cache
 //! counters.
+//! The engine generation (vLLM 0.32 or 0.33) and speculative decoding settings select the
+//! prefix-cache rules (`kvroute_index::Rules`): 0.33 with `L > 0` lookahead tokens hashes each
+//! block with the `L` tokens after it (a block has a hash, and can be stored, only once they
+//! exist) and drops nothing; otherwise EAGLE-style speculation drops the last matched block.
 //! Invariants: one `step()` is one engine step: its events are exactly what vLLM would publish
 //! as one batch (possibly none); a request's `num_cached_tokens` is its hit at first scheduling;
-//! time only moves forward.
+//! time only moves forward; hits are at most `n − max(1, L)`.
 //! Must not: do I/O, sleep, or know about sockets and HTTP.
 
 use crate::cache::{CacheConfig, KvCache, ReqCtx};
@@ -17,7 +21,7 @@ use crate::pool::ReqView;
 use crate::spec::{CacheParams, ModelSpec};
 use crate::timing::TimeModel;
 use kvroute_index::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
-use kvroute_index::{Event, WorkerId};
+use kvroute_index::{Event, Rules, Speculative, WorkerId};
 use std::collections::{HashMap, VecDeque};
 
 /// Engine arguments (named after vLLM's where they exist).
@@ -39,6 +43,11 @@ pub struct EngineConfig {
     pub time: TimeModel,
     pub worker: WorkerId,
     pub dp_rank: u32,
+    /// The vLLM generation whose prefix-cache rules the engine follows.
+    pub engine: kvroute_index::Engine,
+    /// `--speculative-config` (its prefix-caching fields); `None` without speculation. No
+    /// draft token is ever accepted: a step decodes one token per request.
+    pub speculative: Option<Speculative>,
 }
 
 impl EngineConfig {
@@ -57,8 +66,23 @@ impl EngineConfig {
             time: TimeModel::default(),
             worker: "sim".into(),
             dp_rank: 0,
+            engine: kvroute_index::Engine::Vllm032,
+            speculative: None,
             spec,
         })
+    }
+
+    /// The prefix-cache rules of this generation and speculative setting: the lookahead count
+    /// `L` (vLLM 0.33's `num_hash_lookahead_tokens`) and whether matches drop the EAGLE block.
+    pub fn rules(&self) -> Rules {
+        match &self.speculative {
+            None => Rules::default(),
+            Some(s) => Rules::of(
+                self.engine,
+                s.drops_eagle_block(self.engine),
+                s.hash_lookahead_tokens(self.engine),
+            ),
+        }
     }
 }
 
@@ -73,6 +97,20 @@ pub struct NewRequest {
     pub cache_salt: Option<String>,
     /// Requests that skip reading the prefix cache (prompt logprobs) hit 0.
     pub skip_prefix_cache: bool,
+    /// The LoRA adapter the request runs with: its blocks hash with `("lora", name, path)`
+    /// and its stores name it.
+    pub lora: Option<Lora>,
+}
+
+/// A LoRA adapter as vLLM's `LoRARequest` names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lora {
+    /// `lora_name`: what requests ask for as their `model`.
+    pub name: String,
+    /// `lora_path`, as given to `--lora-modules` (part of the block hash).
+    pub path: String,
+    /// `lora_int_id`: 1, 2, … in the order the adapters were loaded (`BlockStored.lora_id`).
+    pub id: i64,
 }
 
 /// One generated token.
@@ -137,6 +175,7 @@ struct Req {
     digests: Vec<Digest>,
     hashes: Vec<u64>,
     extras: BlockExtras,
+    lora_id: Option<i64>,
     max_tokens: usize,
     forced: Vec<u32>,
     seed: u64,
@@ -160,6 +199,8 @@ pub struct Engine {
     pub params: CacheParams,
     pub kv: KvCache,
     hasher: BlockHasher,
+    /// Lookahead tokens each block hash covers (`L`).
+    lookahead: usize,
     reqs: HashMap<u64, Req>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
@@ -179,6 +220,20 @@ impl Engine {
         if cfg.num_blocks < 2 {
             return Err(SimError::Config("the pool needs at least 2 blocks".into()));
         }
+        let rules = cfg.rules();
+        let chunked = cfg
+            .spec
+            .groups
+            .iter()
+            .any(|g| matches!(g.kind, crate::spec::GroupKind::ChunkedLocal { .. }));
+        if rules.eagle_drop && chunked {
+            // vLLM's chunked local manager asserts that it never drops the EAGLE block.
+            return Err(SimError::Config(
+                "EAGLE-style speculation with a chunked local attention group is not supported \
+                 by this vLLM generation's KV cache manager"
+                    .into(),
+            ));
+        }
         let kv = KvCache::new(
             cfg.spec.clone(),
             params,
@@ -188,12 +243,14 @@ impl Engine {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
                 retention: cfg.retention,
                 prefill_checkpoints: cfg.prefill_checkpoints,
+                eagle_drop: rules.eagle_drop,
             },
             cfg.worker.clone(),
             cfg.dp_rank,
         );
         Ok(Engine {
             hasher: BlockHasher::new(cfg.hash_algo, &cfg.hash_seed),
+            lookahead: rules.lookahead as usize,
             params,
             kv,
             reqs: HashMap::new(),
@@ -262,9 +319,10 @@ impl Engine {
             tokens: r.prompt,
             digests: Vec::new(),
             hashes: Vec::new(),
+            lora_id: r.lora.as_ref().map(|l| l.id),
             extras: BlockExtras {
                 cache_salt: r.cache_salt,
-                lora: None,
+                lora: r.lora.map(|l| (l.name, l.path)),
             },
             max_tokens: r.max_tokens.max(1),
             forced: r.forced_output.unwrap_or_default(),
@@ -277,7 +335,12 @@ impl Engine {
             first_token: None,
             preemptions: 0,
         };
-        Self::update_hashes(&self.hasher, self.params.hash_block as usize, &mut req);
+        Self::update_hashes(
+            &self.hasher,
+            self.params.hash_block as usize,
+            self.lookahead,
+            &mut req,
+        );
         self.reqs.insert(handle, req);
         self.waiting.push_back(handle);
         Ok(handle)
@@ -292,14 +355,18 @@ impl Engine {
         }
     }
 
-    fn update_hashes(hasher: &BlockHasher, h: usize, r: &mut Req) {
-        while (r.digests.len() + 1) * h <= r.tokens.len() {
+    /// Hashes every block `[s, e)` not hashed yet with `e + lookahead ≤ n` (vLLM 0.33's
+    /// `request_block_hasher`; without lookahead, every full block).
+    fn update_hashes(hasher: &BlockHasher, h: usize, lookahead: usize, r: &mut Req) {
+        while (r.digests.len() + 1) * h + lookahead <= r.tokens.len() {
             let i = r.digests.len();
-            let d = hasher.hash_block(
+            let (s, e) = (i * h, (i + 1) * h);
+            let d = hasher.hash_block_lookahead(
                 r.digests.last(),
-                &r.tokens[i * h..(i + 1) * h],
+                &r.tokens[s..e],
                 &r.extras,
                 i,
+                &r.tokens[e..e + lookahead],
             );
             r.hashes.push(hash::external(&d).0);
             r.digests.push(d);
@@ -316,13 +383,21 @@ impl Engine {
         self.kv.take_events()
     }
 
-    fn ctx(r: &Req) -> ReqCtx<'_> {
+    /// The largest hit a request of `n` tokens may get: `n − 1` (the last token is always
+    /// computed), and with lookahead no block past `n − L` has a hash.
+    fn max_hit(&self, n: usize) -> usize {
+        n.saturating_sub(self.lookahead.max(1))
+    }
+
+    fn ctx(r: &Req, lookahead: usize) -> ReqCtx<'_> {
         ReqCtx {
             id: r.handle,
             view: ReqView {
                 tokens: &r.tokens,
                 hashes: &r.hashes,
                 extras: &r.extras,
+                lookahead,
+                lora_id: r.lora_id,
             },
             num_prompt: r.prompt_len,
             shared_prefix_boundary: r.junction,
@@ -417,7 +492,7 @@ impl Engine {
             let mut ok = false;
             loop {
                 let r = &self.reqs[&handle];
-                let ctx = Self::ctx(r);
+                let ctx = Self::ctx(r, self.lookahead);
                 if self
                     .kv
                     .allocate_slots(&ctx, r.num_computed, n, 0, None, false)
@@ -455,7 +530,7 @@ impl Engine {
                     Default::default()
                 } else {
                     self.kv
-                        .find_longest_cache_hit(&r.hashes, r.tokens.len().saturating_sub(1))
+                        .find_longest_cache_hit(&r.hashes, self.max_hit(r.tokens.len()))
                 };
                 lookups.push(Lookup {
                     handle,
@@ -475,7 +550,7 @@ impl Engine {
                 if n == 0 {
                     break;
                 }
-                let ctx = Self::ctx(r);
+                let ctx = Self::ctx(r, self.lookahead);
                 if self
                     .kv
                     .allocate_slots(&ctx, 0, n, hit.tokens, hit.blocks.as_deref(), true)
@@ -533,6 +608,7 @@ impl Engine {
         let now = self.now;
         let vocab = self.cfg.spec.vocab_size.max(1);
         let max_len = self.cfg.max_model_len as usize;
+        let lookahead = self.lookahead;
         let Some(r) = self.reqs.get_mut(&handle) else {
             return;
         };
@@ -570,25 +646,25 @@ impl Engine {
             self.kv.free(handle);
             self.reqs.remove(&handle);
         } else {
-            Self::update_hashes(&self.hasher, self.params.hash_block as usize, r);
+            Self::update_hashes(&self.hasher, self.params.hash_block as usize, lookahead, r);
         }
     }
 
     /// The request's hit if it arrived now (no state change): for tests and the admin view.
-    pub fn peek_hit(&self, prompt: &[u32], salt: Option<&str>) -> usize {
+    pub fn peek_hit(&self, prompt: &[u32], salt: Option<&str>, lora: Option<&Lora>) -> usize {
         let extras = BlockExtras {
             cache_salt: salt.map(str::to_string),
-            lora: None,
+            lora: lora.map(|l| (l.name.clone(), l.path.clone())),
         };
         let h = self.params.hash_block as usize;
         let hashes: Vec<u64> = self
             .hasher
-            .chain(prompt, h, &extras)
+            .chain_lookahead(prompt, h, &extras, self.lookahead)
             .iter()
             .map(|d| hash::external(d).0)
             .collect();
         self.kv
-            .find_longest_cache_hit(&hashes, prompt.len().saturating_sub(1))
+            .find_longest_cache_hit(&hashes, self.max_hit(prompt.len()))
             .tokens
     }
 }

@@ -6,8 +6,12 @@
 //! freeing, the retention masks (sparse reachable-boundary and junction checkpoints, dense,
 //! interval) and the partial-tail / checkpoint re-keying of align-mode Mamba.
 //! Invariants: every function mirrors the vLLM 0.32 manager method named in its doc comment,
-//! without EAGLE, DCP, KV connectors or fine-grained (partial) hits, none of which the
-//! simulator offers; block tables only grow, with the null block in freed positions.
+//! without DCP, KV connectors or fine-grained (partial) hits, none of which the simulator
+//! offers; under EAGLE the hit finders drop their last block and the window retention masks
+//! keep one block more, shifted by one (the Mamba managers' EAGLE checkpoint handling is not
+//! modelled); a block is cached only once its hash exists (with vLLM 0.33's lookahead hashes,
+//! `L` tokens after it is full); block tables only grow, with the null block in freed
+//! positions.
 //! Must not: touch other groups or decide scheduling.
 
 use crate::cache::{cdiv, Group, ReqCtx};
@@ -34,7 +38,10 @@ fn group_hash(hashes: &[u64], h: u32, block: u32, i: usize) -> Option<u64> {
     hashes.get((i + 1) * k - 1).copied()
 }
 
-/// `find_longest_cache_hit` of one lookup (groups of one spec, looked up together).
+/// `find_longest_cache_hit` of one lookup (groups of one spec, looked up together); `drop`:
+/// EAGLE's drop of the last matched block (full attention and sliding window; the Mamba finder
+/// never drops, and a chunked local group is never configured with it).
+#[allow(clippy::too_many_arguments)]
 pub fn find(
     pool: &BlockPool,
     hashes: &[u64],
@@ -43,6 +50,7 @@ pub fn find(
     ids: &[u32],
     max_len: usize,
     align: usize,
+    drop: bool,
 ) -> (Vec<Vec<BlockId>>, usize) {
     let b = spec.block_size as usize;
     let n = ids.len();
@@ -59,6 +67,9 @@ pub fn find(
                 }
             }
             let mut hit = out[0].len() * b;
+            if drop && hit > 0 {
+                hit -= align.min(b);
+            }
             hit -= hit % align;
             let nb = cdiv(hit, b);
             for o in &mut out {
@@ -67,13 +78,14 @@ pub fn find(
             (out, hit)
         }
         GroupKind::SlidingWindow { window } => {
-            let need = cdiv(window as usize - 1, b);
+            let need = contiguous_for_hit(window, b, drop);
             let mut out: Vec<Vec<BlockId>> = vec![vec![NULL; max_blocks]; n];
             let mut run = 0usize;
             let mut matched = false;
             for i in (0..max_blocks).rev() {
                 if let Some(found) = cached(i) {
-                    if run == 0 && b != align && ((i + 1) * b) % align != 0 {
+                    let post_pop = if drop { i } else { i + 1 };
+                    if run == 0 && b != align && (post_pop * b) % align != 0 {
                         continue;
                     }
                     for (o, f) in out.iter_mut().zip(found) {
@@ -94,6 +106,16 @@ pub fn find(
             if !matched {
                 for o in &mut out {
                     o.truncate(run);
+                }
+                while b != align && (out[0].len() * b) % align != 0 {
+                    for o in &mut out {
+                        o.pop();
+                    }
+                }
+            }
+            if drop && !out[0].is_empty() {
+                for o in &mut out {
+                    o.pop();
                 }
                 while b != align && (out[0].len() * b) % align != 0 {
                     for o in &mut out {
@@ -139,6 +161,12 @@ pub fn find(
             (out, 0)
         }
     }
+}
+
+/// `_contiguous_blocks_for_hit`: the blocks a window hit needs, one more under EAGLE (the
+/// last one is dropped).
+fn contiguous_for_hit(window: u32, b: usize, eagle: bool) -> usize {
+    cdiv(window as usize - 1, b) + usize::from(eagle)
 }
 
 /// `get_num_skipped_tokens`.
@@ -348,6 +376,8 @@ pub struct CacheCtx<'a> {
     pub hash_block: usize,
     pub retention: Option<u32>,
     pub boundaries: &'a [usize],
+    /// The groups drop the EAGLE block (window masks keep one block more, shifted by one).
+    pub eagle: bool,
 }
 
 /// `reachable_block_mask` for blocks `[start, end)`; `None` keeps every block.
@@ -366,7 +396,10 @@ fn mask(
             if a % b != 0 {
                 return None;
             }
-            let need = cdiv(window as usize - 1, b);
+            let need = contiguous_for_hit(window, b, ctx.eagle);
+            // The run a hit matches ends on the boundary block itself when EAGLE looks one
+            // block past it, else on the block before the boundary.
+            let shift = usize::from(ctx.eagle);
             let segment = match ctx.retention {
                 None => Some(a),
                 Some(0) => None,
@@ -378,14 +411,14 @@ fn mask(
                     return None;
                 }
                 for i in start..end {
-                    if i % per >= per - need {
+                    if i >= shift && (i - shift) % per >= per - need {
                         m[i - start] = true;
                     }
                 }
             }
             if ctx.retention.is_some() {
                 for bd in boundaries {
-                    let e = bd / a * a / b;
+                    let e = bd / a * a / b + shift;
                     for j in start.max(e.saturating_sub(need))..end.min(e) {
                         m[j - start] = true;
                     }
@@ -438,7 +471,8 @@ pub fn cache_blocks(
     let kind = g.spec.kind;
     let r = g.reqs.entry(req.id).or_default();
     let before = r.num_cached.unwrap_or(0);
-    let num_full = num_tokens / b;
+    // Only blocks whose hash exists are cached (with lookahead hashes, the last ones later).
+    let num_full = num_tokens.min(req.view.hashes.len() * ctx.hash_block) / b;
     if before < num_full {
         let mut boundaries: Vec<usize> = ctx.boundaries.to_vec();
         if req.shared_prefix_boundary > 0 {

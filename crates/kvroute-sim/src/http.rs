@@ -131,29 +131,47 @@ fn vocab(w: &Worker) -> u32 {
     w.config().engine.spec.vocab_size
 }
 
-/// The vLLM release the simulated engine behaves as (what `GET /version` reports; gateways
-/// read it to recognise a vLLM backend and its hashing rules).
+/// The vLLM release a simulated engine of the default generation (vLLM 0.32) reports.
 pub const ENGINE_VERSION: &str = "0.32.0";
 
-async fn version() -> Response {
-    Json(json!({ "version": ENGINE_VERSION })).into_response()
+/// The vLLM release a simulated engine of generation `engine` behaves as (what `GET /version`
+/// reports; gateways read it to recognise a vLLM backend and its hashing rules).
+pub fn engine_version(engine: kvroute_index::Engine) -> &'static str {
+    match engine {
+        kvroute_index::Engine::Vllm032 => ENGINE_VERSION,
+        kvroute_index::Engine::Vllm033 => "0.33.0",
+    }
 }
 
+async fn version(State(w): W) -> Response {
+    Json(json!({ "version": engine_version(w.config().engine.engine) })).into_response()
+}
+
+/// The base model, then each adapter as vLLM lists it: `root` its path, `parent` the base.
 async fn models(State(w): W) -> Response {
     let cfg = w.config();
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": cfg.model,
+    let created = crate::worker::unix_now() as u64;
+    let mut data = vec![json!({
+        "id": cfg.model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": cfg.model,
+        "parent": Value::Null,
+        "max_model_len": cfg.engine.max_model_len,
+    })];
+    data.extend(cfg.lora_modules.iter().map(|m| {
+        json!({
+            "id": m.name,
             "object": "model",
-            "created": crate::worker::unix_now() as u64,
+            "created": created,
             "owned_by": "vllm",
-            "root": cfg.model,
-            "parent": Value::Null,
-            "max_model_len": cfg.engine.max_model_len,
-        }]
-    }))
-    .into_response()
+            "root": m.path,
+            "parent": cfg.model,
+            "max_model_len": Value::Null,
+        })
+    }));
+    Json(json!({ "object": "list", "data": data })).into_response()
 }
 
 fn messages(v: &Value) -> Result<Vec<Message>, ApiError> {
@@ -411,6 +429,10 @@ fn common(body: &Value, prompt: Vec<u32>, w: &Worker, chat: bool) -> Result<Comm
             forced_output: forced,
             cache_salt,
             skip_prefix_cache: skip,
+            lora: body
+                .get("model")
+                .and_then(Value::as_str)
+                .and_then(|m| w.config().lora(m)),
         },
     })
 }

@@ -1,7 +1,9 @@
 //! kvroute-sim: a simulated hybrid vLLM engine on the real wire.
 //!
 //! Owns: vLLM 0.32's KV cache manager for full attention, sliding window, chunked local and
-//! align-mode Mamba groups sharing one block pool (`pool`, `groups`, `cache`); its scheduler
+//! align-mode Mamba groups sharing one block pool (`pool`, `groups`, `cache`), with the
+//! prefix-cache rules of vLLM 0.32 or 0.33 under speculative decoding (the EAGLE drop,
+//! 0.33's lookahead hashes); its scheduler
 //! and a step time model (`engine`, `timing`); the layouts and presets (`spec`); the ZMQ event
 //! publisher (`wire`, `publisher`); the OpenAI-compatible HTTP server with metrics and fault
 //! hooks (`http`, `worker`); and the in-process fleet API (`fleet`). docs/sim.md is the
@@ -26,11 +28,11 @@ pub mod wire;
 pub mod worker;
 pub mod zmtp;
 
-pub use engine::{Engine, EngineConfig, Lookup, NewRequest, StepOutcome, TokenOut};
+pub use engine::{Engine, EngineConfig, Lookup, Lora, NewRequest, StepOutcome, TokenOut};
 pub use error::SimError;
 pub use fleet::{serve, start_worker, Fleet, FleetOptions, SimHandle};
 pub use publisher::{PublisherConfig, ReplayLayout};
 pub use spec::{preset, GroupKind, GroupSpec, ModelSpec, PRESETS};
 pub use timing::TimeModel;
 pub use wire::WireFormat;
-pub use worker::{Submission, Worker, WorkerConfig};
+pub use worker::{LoraModule, Submission, Worker, WorkerConfig};

@@ -38,9 +38,24 @@ pub struct ReqView<'a> {
     /// 64-bit hashes of every full hash block of `tokens`.
     pub hashes: &'a [u64],
     pub extras: &'a BlockExtras,
+    /// Lookahead tokens each hash covers (vLLM 0.33's `num_hash_lookahead_tokens`; 0: none).
+    pub lookahead: usize,
+    /// The request's LoRA adapter id (`BlockStored.lora_id`).
+    pub lora_id: Option<i64>,
 }
 
 impl ReqView<'_> {
+    /// The `L` tokens a hash of a block ending at `end` covers, or `None` without lookahead
+    /// (`BlockStored.lookahead_token_ids` holds one such list per stored hash).
+    fn lookahead_ids(&self, end: usize) -> Option<Vec<u32>> {
+        (self.lookahead > 0).then(|| {
+            self.tokens
+                .get(end..end + self.lookahead)
+                .unwrap_or_default()
+                .to_vec()
+        })
+    }
+
     /// The hash of group block `i` for a group of `block` tokens (hash block `h`).
     pub fn group_hash(&self, h: u32, block: u32, i: usize) -> Option<u64> {
         let k = (block / h.max(1)) as usize;
@@ -317,6 +332,7 @@ impl BlockPool {
         let h = self.hash_block;
         let mut hashes = Vec::new();
         let mut extra_keys = Vec::new();
+        let mut lookahead: Option<Vec<Vec<u32>>> = (req.lookahead > 0).then(Vec::new);
         for i in r.num_cached..r.num_full {
             let id = r.blocks.get(i).copied().unwrap_or(NULL);
             let keep = r
@@ -337,6 +353,10 @@ impl BlockPool {
             self.insert_key((hash, r.group), id, tokens);
             hashes.push(EngineHash::int(hash));
             extra_keys.push(req.event_extra_keys(i * r.block_size as usize));
+            if let (Some(la), Some(ids)) = (lookahead.as_mut(), req.lookahead_ids(tokens as usize))
+            {
+                la.push(ids);
+            }
         }
         let parent = if r.num_cached == 0 {
             None
@@ -362,9 +382,9 @@ impl BlockPool {
             } else {
                 Some(extra_keys)
             },
-            lora_id: None,
+            lora_id: req.lora_id,
             lora_name: req.extras.lora.as_ref().map(|(n, _)| n.clone()),
-            lookahead_token_ids: None,
+            lookahead_token_ids: lookahead,
         }));
     }
 
@@ -418,9 +438,9 @@ impl BlockPool {
                 hashes: vec![EngineHash::int(hash)],
                 token_ids: req.tokens.get(start..end).unwrap_or_default().to_vec(),
                 extra_keys: Some(vec![req.event_extra_keys(start)]),
-                lora_id: None,
+                lora_id: req.lora_id,
                 lora_name: req.extras.lora.as_ref().map(|(n, _)| n.clone()),
-                lookahead_token_ids: None,
+                lookahead_token_ids: req.lookahead_ids(end).map(|ids| vec![ids]),
             }));
         }
         Some(key)
@@ -467,6 +487,8 @@ mod tests {
             tokens,
             hashes,
             extras,
+            lookahead: 0,
+            lora_id: None,
         }
     }
 

@@ -4,6 +4,8 @@
 //! tagged maps (fields equal to their `None` default omitted, the rest in declaration order),
 //! and the older positional array layout (`["BlockStored", block_hashes, parent, token_ids,
 //! block_size, lora_id, medium]`, signed 64-bit hashes) for routers that must accept it.
+//! vLLM 0.33's `BlockStored.lookahead_token_ids` is written last, when present (the map
+//! layout otherwise unchanged).
 //! Invariants: integers take msgpack's smallest encoding, the timestamp is a float64, and
 //! 0.32 hashes are unsigned 64-bit values, as msgspec writes them.
 //! Must not: own sockets or sequence numbers.
@@ -120,7 +122,8 @@ fn stored(buf: &mut Vec<u8>, s: &Stored, fmt: WireFormat) {
     let optional = usize::from(s.extra_keys.is_some())
         + usize::from(s.group.is_some())
         + usize::from(s.kind.is_some())
-        + usize::from(s.sliding_window.is_some());
+        + usize::from(s.sliding_window.is_some())
+        + usize::from(s.lookahead_token_ids.is_some());
     map(buf, 8 + optional);
     str_(buf, "type");
     str_(buf, "BlockStored");
@@ -165,6 +168,17 @@ fn stored(buf: &mut Vec<u8>, s: &Stored, fmt: WireFormat) {
     if let Some(w) = s.sliding_window {
         str_(buf, "kv_cache_spec_sliding_window");
         uint(buf, u64::from(w));
+    }
+    if let Some(lists) = &s.lookahead_token_ids {
+        // vLLM 0.33: the tokens after each stored block that its hash covers.
+        str_(buf, "lookahead_token_ids");
+        arr(buf, lists.len());
+        for ids in lists {
+            arr(buf, ids.len());
+            for t in ids {
+                uint(buf, u64::from(*t));
+            }
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! One simulated worker at run time: its DP ranks (an engine and a publisher each), the engine
 //! loops that turn simulated step time into wall time, request submission and the fault hooks.
 //!
-//! Owns: `WorkerConfig`, `Worker` (start, submit, pause/resume, publisher restart and faults,
-//! prefix-cache reset, the true cache state, metrics), one tokio task per rank.
+//! Owns: `WorkerConfig` (with the LoRA adapters served, `LoraModule`), `Worker` (start,
+//! submit, pause/resume, publisher restart and faults, prefix-cache reset, the true cache
+//! state, metrics), one tokio task per rank.
 //! Invariants: a rank steps only while it has work and is not paused; each step's events are
 //! published after the step's (scaled) duration has passed, then its tokens are delivered; a
 //! request whose receiver is gone is aborted and its blocks freed; simulated time never runs
@@ -35,6 +36,39 @@ pub struct WorkerConfig {
     pub speedup: f64,
     /// The largest request body the HTTP API reads (larger ones get a 413 in vLLM's shape).
     pub max_body_bytes: usize,
+    /// LoRA adapters served beside the base model (vLLM's `--lora-modules`), in load order.
+    pub lora_modules: Vec<LoraModule>,
+}
+
+/// One `--lora-modules name=path` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoraModule {
+    pub name: String,
+    pub path: String,
+}
+
+impl std::str::FromStr for LoraModule {
+    type Err = String;
+    /// `name=path`, or vLLM's JSON form `{"name": …, "path": …}`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim_start().starts_with('{') {
+            let v: Value = serde_json::from_str(s).map_err(|e| format!("--lora-modules: {e}"))?;
+            let field = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+            return match (field("name"), field("path")) {
+                (Some(name), Some(path)) if !name.is_empty() && !path.is_empty() => {
+                    Ok(LoraModule { name, path })
+                }
+                _ => Err("--lora-modules JSON needs non-empty `name` and `path`".into()),
+            };
+        }
+        match s.split_once('=') {
+            Some((name, path)) if !name.is_empty() && !path.is_empty() => Ok(LoraModule {
+                name: name.to_string(),
+                path: path.to_string(),
+            }),
+            _ => Err(format!("--lora-modules {s:?}: expected name=path")),
+        }
+    }
 }
 
 impl WorkerConfig {
@@ -46,6 +80,19 @@ impl WorkerConfig {
             zmq: None,
             speedup: 1.0,
             max_body_bytes: crate::http::MAX_BODY_BYTES,
+            lora_modules: Vec::new(),
+        })
+    }
+
+    /// The adapter a request's `model` names, with vLLM's `lora_int_id` (1, 2, … in load
+    /// order); `None` for the base model or any other name.
+    pub fn lora(&self, model: &str) -> Option<crate::engine::Lora> {
+        let i = self.lora_modules.iter().position(|m| m.name == model)?;
+        let m = &self.lora_modules[i];
+        Some(crate::engine::Lora {
+            name: m.name.clone(),
+            path: m.path.clone(),
+            id: i as i64 + 1,
         })
     }
 }

@@ -1,14 +1,21 @@
 //! The simulator's hit equals kvroute-index's prediction from the simulator's own events.
 //!
-//! Random workloads (conversations, shared prefixes, branches, repeats, salts, concurrency,
-//! pools small enough to evict and preempt) run on every preset. Each step's events are
+//! Random workloads (conversations, shared prefixes, branches, repeats, salts, LoRA adapters,
+//! concurrency, pools small enough to evict and preempt) run on every preset. Each step's events are
 //! applied to an `Index` in order; at each prefix-cache lookup the index has seen exactly the
 //! events emitted before it, and its prediction must equal the hit the simulator used. The
 //! index's live hash check must never find a store whose hash it computes differently.
+//!
+//! The same holds for every engine generation and speculative setting the simulator runs:
+//! vLLM 0.32 with and without EAGLE (the drop), vLLM 0.33 without speculation, with EAGLE
+//! (lookahead hashes, `L = 1`), with multi-layer MTP (`L = 3`) and with lookahead hashes
+//! disabled (0.33's fallback to the drop); the index is configured as a gateway would
+//! configure that worker.
 
 use kvroute_index::hash::{BlockExtras, HashAlgo, DEFAULT_SEED};
-use kvroute_index::{HashMode, Index, LookupConfig, Query, WorkerConfig};
-use kvroute_sim::{Engine, EngineConfig, GroupKind, NewRequest, PRESETS};
+use kvroute_index::WorkerConfig;
+use kvroute_index::{Engine as Generation, HashMode, Index, LookupConfig, Query, Speculative};
+use kvroute_sim::{Engine, EngineConfig, GroupKind, Lora, NewRequest, PRESETS};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -17,16 +24,63 @@ use std::collections::HashMap;
 struct Live {
     tokens: Vec<u32>,
     salt: Option<String>,
+    lora: Option<Lora>,
 }
 
 fn fresh(rng: &mut StdRng, n: usize, vocab: u32) -> Vec<u32> {
     (0..n.max(1)).map(|_| rng.gen_range(0..vocab)).collect()
 }
 
-/// Runs one random workload; returns the number of lookups checked.
+/// An engine generation with its speculative setting.
+#[derive(Clone, Debug)]
+struct Mode {
+    engine: Generation,
+    speculative: Option<Speculative>,
+}
+
+fn spec(method: &str, k: u32, layers: Option<u32>, no_lookahead: bool) -> Option<Speculative> {
+    Some(Speculative {
+        method: method.into(),
+        num_speculative_tokens: k,
+        num_nextn_predict_layers: layers,
+        disable_lookahead_block_hashes: no_lookahead,
+        disable_eagle_block_drop: false,
+    })
+}
+
+/// Every mode checked: 0.32 and 0.33, without speculation, with EAGLE, with multi-layer MTP,
+/// and 0.33 with its lookahead hashes disabled.
+fn modes() -> Vec<Mode> {
+    let m = |engine, speculative| Mode {
+        engine,
+        speculative,
+    };
+    vec![
+        m(Generation::Vllm032, None),
+        m(Generation::Vllm032, spec("eagle", 3, None, false)),
+        m(Generation::Vllm033, None),
+        m(Generation::Vllm033, spec("eagle3", 3, None, false)),
+        m(Generation::Vllm033, spec("mtp", 3, Some(3), false)),
+        m(Generation::Vllm033, spec("eagle", 2, None, true)),
+    ]
+}
+
+fn plain() -> Mode {
+    modes().remove(0)
+}
+
+/// Runs one random workload; returns the number of lookups checked, or `None` when the
+/// engine refuses the configuration (EAGLE's drop with a chunked local group, as vLLM does).
 fn run(preset: &str, seed: u64) -> usize {
+    run_mode(preset, seed, &plain()).expect("every preset runs without speculation")
+}
+
+fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut cfg = EngineConfig::for_preset(preset).unwrap();
+    cfg.engine = mode.engine;
+    cfg.speculative = mode.speculative.clone();
+    let rules = cfg.rules();
     let b = cfg
         .spec
         .groups
@@ -74,6 +128,14 @@ fn run(preset: &str, seed: u64) -> usize {
         GroupKind::ChunkedLocal { chunk } => Some(chunk),
         _ => None,
     });
+    // The worker as a gateway configures it from its engine and `--speculative-config`.
+    let (eagle, lookahead) = match &mode.speculative {
+        Some(s) => (
+            s.drops_eagle_block(mode.engine),
+            s.hash_lookahead_tokens(mode.engine),
+        ),
+        None => (false, 0),
+    };
     let index = Index::with_default(WorkerConfig {
         hash: HashMode::Engine {
             algo: HashAlgo::Sha256,
@@ -82,18 +144,30 @@ fn run(preset: &str, seed: u64) -> usize {
         lookup: LookupConfig {
             hash_block_size: None,
             chunk_size: chunk,
-            eagle: false,
+            eagle,
         },
         verify_hashes: true,
-        ..WorkerConfig::default()
+        engine: mode.engine,
+        hash_lookahead_tokens: lookahead,
     });
-    let mut engine = Engine::new(cfg).unwrap();
+    let chunked = chunk.is_some();
+    let mut engine = match Engine::new(cfg) {
+        Ok(e) => e,
+        Err(e) => {
+            assert!(
+                rules.eagle_drop && chunked,
+                "{preset} {mode:?}: refused: {e}"
+            );
+            return None;
+        }
+    };
     let mut history: Vec<Vec<u32>> = Vec::new();
     let mut live: HashMap<u64, Live> = HashMap::new();
     let total = rng.gen_range(10..30);
     let mut submitted = 0;
     let mut checked = 0;
     let mut hits = 0;
+    let mut lookahead_stores = 0;
     for _step in 0..20_000 {
         if submitted < total && (live.is_empty() || rng.gen_bool(0.3)) {
             let salt = rng
@@ -126,6 +200,15 @@ fn run(preset: &str, seed: u64) -> usize {
             let mut prompt = prompt;
             prompt.truncate(max_prompt);
             let max_tokens = rng.gen_range(1..=max_out);
+            // Some requests run with one of two LoRA adapters (hashed with their key).
+            let lora = rng.gen_bool(0.2).then(|| {
+                let id = rng.gen_range(1..3);
+                Lora {
+                    name: format!("adapter-{id}"),
+                    path: format!("/adapters/{id}"),
+                    id,
+                }
+            });
             let h = engine
                 .add_request(NewRequest {
                     id: format!("r{submitted}"),
@@ -134,6 +217,7 @@ fn run(preset: &str, seed: u64) -> usize {
                     forced_output: None,
                     cache_salt: salt.clone(),
                     skip_prefix_cache: false,
+                    lora: lora.clone(),
                 })
                 .unwrap();
             live.insert(
@@ -141,6 +225,7 @@ fn run(preset: &str, seed: u64) -> usize {
                 Live {
                     tokens: prompt,
                     salt,
+                    lora,
                 },
             );
             submitted += 1;
@@ -152,6 +237,19 @@ fn run(preset: &str, seed: u64) -> usize {
             continue;
         }
         let out = engine.step();
+        for e in &out.events {
+            if let kvroute_index::Event::Stored(st) = e {
+                // 0.33 with lookahead publishes, per stored hash, the L tokens it covers.
+                match &st.lookahead_token_ids {
+                    None => assert_eq!(rules.lookahead, 0, "{preset} {mode:?}: no lookahead ids"),
+                    Some(ids) => {
+                        assert_eq!(ids.len(), st.hashes.len());
+                        assert!(ids.iter().all(|l| l.len() == rules.lookahead as usize));
+                        lookahead_stores += usize::from(!ids.is_empty());
+                    }
+                }
+            }
+        }
         let mut applied = 0;
         for l in &out.lookups {
             index.apply_all(&out.events[applied..l.event_pos]);
@@ -162,14 +260,14 @@ fn run(preset: &str, seed: u64) -> usize {
                 tokens: r.tokens.clone(),
                 extras: BlockExtras {
                     cache_salt: r.salt.clone(),
-                    lora: None,
+                    lora: r.lora.as_ref().map(|l| (l.name.clone(), l.path.clone())),
                 },
                 skip_prefix_cache: false,
             };
             let p = index.predict(&"w".into(), 0, &q);
             assert_eq!(
                 p.cached as usize, l.hit,
-                "{preset} seed {seed}: lookup of {} tokens: index {} vs sim {} ({:?})",
+                "{preset} {mode:?} seed {seed}: lookup of {} tokens: index {} vs sim {} ({:?})",
                 l.num_tokens, p.cached, l.hit, p.groups
             );
             checked += 1;
@@ -198,9 +296,28 @@ fn run(preset: &str, seed: u64) -> usize {
         );
     }
     for (_, _, s) in index.rank_stats() {
-        assert_eq!(s.hash_mismatched, 0, "{preset} seed {seed}: hash mismatch");
+        assert_eq!(
+            s.hash_mismatched, 0,
+            "{preset} {mode:?} seed {seed}: hash mismatch"
+        );
+        if rules.lookahead > 0 && hits > 0 {
+            assert!(
+                s.hash_matched > 0,
+                "{preset} {mode:?}: lookahead stores verified"
+            );
+        }
     }
-    checked
+    assert_eq!(
+        lookahead_stores > 0,
+        rules.lookahead > 0,
+        "{preset} {mode:?}: stores with lookahead tokens"
+    );
+    for (name, v) in index.counters().snapshot() {
+        if name.contains("lookahead") {
+            assert_eq!(v, 0, "{preset} {mode:?} seed {seed}: {name}");
+        }
+    }
+    Some(checked)
 }
 
 proptest! {
@@ -219,5 +336,32 @@ fn a_fixed_workload_checks_many_lookups_on_every_preset() {
     for preset in PRESETS {
         let n = run(preset, 42);
         assert!(n >= 8, "{preset}: only {n} lookups");
+    }
+}
+
+#[test]
+fn the_sim_hit_equals_the_index_prediction_on_every_preset_for_every_engine_and_speculation() {
+    for mode in modes() {
+        for preset in PRESETS {
+            for seed in [7, 42] {
+                let Some(n) = run_mode(preset, seed, &mode) else {
+                    continue;
+                };
+                assert!(n >= 8, "{preset} {mode:?}: only {n} lookups");
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_workloads_agree_under_vllm_0_33_lookahead_and_0_32_eagle(seed in any::<u64>()) {
+        for mode in &modes()[1..5] {
+            for preset in PRESETS {
+                run_mode(preset, seed, mode);
+            }
+        }
     }
 }

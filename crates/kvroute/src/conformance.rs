@@ -63,6 +63,11 @@ pub struct RequestLine {
     pub num_cached_tokens: u64,
     #[serde(default)]
     pub skip_prefix_cache: bool,
+    /// The LoRA adapter the request ran with (its name and path key the blocks).
+    #[serde(default)]
+    pub lora_name: Option<String>,
+    #[serde(default)]
+    pub lora_path: Option<String>,
 }
 
 /// The outcome of one corpus.
@@ -227,7 +232,7 @@ pub fn run_corpus(
             tokens: req.prompt_token_ids.clone(),
             extras: BlockExtras {
                 cache_salt: req.cache_salt.clone(),
-                lora: None,
+                lora: req.lora_name.clone().zip(req.lora_path.clone()),
             },
             skip_prefix_cache: req.skip_prefix_cache,
         };

@@ -71,6 +71,32 @@ pub struct SimWorkerArgs {
     /// Replay buffer size in batches (vLLM's `buffer_steps`).
     #[arg(long, default_value_t = 10_000)]
     buffer_steps: usize,
+    /// The vLLM release whose prefix-cache rules and events the engine follows: 0.32 | 0.33
+    /// (what `GET /version` reports).
+    #[arg(long, default_value = "0.32", value_parser = parse_engine)]
+    engine_version: kvroute_index::Engine,
+    /// vLLM's `--speculative-config` JSON (`method`, `num_speculative_tokens`,
+    /// `num_nextn_predict_layers`, `disable_lookahead_block_hashes`,
+    /// `disable_eagle_block_drop`; other fields ignored), e.g.
+    /// `{"method": "eagle3", "num_speculative_tokens": 3}`. On 0.33 an EAGLE-style method
+    /// hashes blocks with lookahead tokens; on 0.32 its matches drop the last block.
+    #[arg(long, value_parser = parse_speculative)]
+    speculative_config: Option<kvroute_index::Speculative>,
+    /// LoRA adapters served beside the base model, as vLLM's `--lora-modules`: `name=path`
+    /// (or `{"name": …, "path": …}`), one or more. A request whose `model` is `name` runs with
+    /// the adapter: its blocks hash with `("lora", name, path)` and its stores name it.
+    #[arg(long, num_args = 1..)]
+    lora_modules: Vec<kvroute_sim::LoraModule>,
+}
+
+fn parse_engine(s: &str) -> Result<kvroute_index::Engine, String> {
+    kvroute_index::Engine::from_version(s)
+        .or_else(|| s.parse().ok())
+        .ok_or_else(|| format!("unsupported engine version {s:?} (0.32 or 0.33)"))
+}
+
+fn parse_speculative(s: &str) -> Result<kvroute_index::Speculative, String> {
+    serde_json::from_str(s).map_err(|e| format!("--speculative-config: {e}"))
 }
 
 fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
@@ -97,7 +123,10 @@ fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
         "none" | "None" => None,
         s => Some(s.parse().context("--prefix-cache-retention-interval")?),
     };
+    e.engine = a.engine_version;
+    e.speculative = a.speculative_config.clone();
     e.spec.params()?;
+    cfg.lora_modules = a.lora_modules.clone();
     if let Some(name) = &a.served_model_name {
         cfg.model = name.clone();
     }

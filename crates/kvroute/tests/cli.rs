@@ -1,6 +1,6 @@
 //! The command line, run as a real process: the conformance check on every committed corpus,
 //! `hash` against the spec's test vectors, `events decode` → `explain` round trip, and clear
-//! errors on unreadable corpora.
+//! errors on unreadable corpora; `sim-worker` started as each engine generation.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -260,4 +260,64 @@ fn a_small_demo_prints_the_table_and_writes_json_and_both_plots() {
         b"\x89PNG"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `GET /version` of a server on `port`, once it answers.
+fn version_of(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let json = body.split("\r\n\r\n").nth(1)?;
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    v["version"].as_str().map(str::to_string)
+}
+
+#[test]
+fn a_sim_worker_started_as_vllm_0_33_with_an_eagle_drafter_reports_0_33() {
+    for (flags, want) in [
+        (vec![], "0.32.0"),
+        (
+            vec![
+                "--engine-version",
+                "0.33",
+                "--speculative-config",
+                r#"{"method": "eagle3", "num_speculative_tokens": 3}"#,
+            ],
+            "0.33.0",
+        ),
+    ] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let http = format!("127.0.0.1:{port}");
+        let mut args = vec!["sim-worker", "--preset", "llama", "--http", &http];
+        args.extend(flags.iter().copied());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(&args)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start sim-worker");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut got = None;
+        while got.is_none() && std::time::Instant::now() < deadline {
+            got = version_of(port);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(got.as_deref(), Some(want), "{args:?}");
+    }
+    let out = kvroute(&[
+        "sim-worker",
+        "--preset",
+        "llama",
+        "--engine-version",
+        "0.31",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported engine version"));
 }

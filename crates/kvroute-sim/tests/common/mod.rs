@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod corpus;
+
 use serde_json::Value;
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -6,10 +6,10 @@
 //! Must not: be reachable without the token when a token is set.
 
 use super::config::WorkerSpec;
-use super::decide::{candidates_for, decide};
+use super::decide::{candidates_for, decide_with};
 use super::policy::PolicyKind;
 use super::proxy::error;
-use super::registry::RegistryError;
+use super::registry::{Registry, RegistryError};
 use super::AppState;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
@@ -123,25 +123,27 @@ pub struct ExplainBody {
 
 /// Every worker's prediction and the decision the gateway would take now.
 pub async fn explain(State(st): State<Arc<AppState>>, Json(b): Json<ExplainBody>) -> Response {
-    let q = kvroute_index::Query {
-        tokens: b.tokens.clone(),
-        extras: kvroute_index::BlockExtras {
-            cache_salt: b.cache_salt.clone(),
-            lora: None,
-        },
-        skip_prefix_cache: false,
-    };
-    let predictions = st.registry.index.predict_all(&q);
     let model = b
         .model
         .or_else(|| st.registry.models().into_iter().next())
         .unwrap_or_default();
-    let workers = candidates_for(&st.registry, &model);
-    let ranked = decide(
+    let mut workers = candidates_for(&st.registry, &model);
+    let lora = Registry::adapter_key(&model, &mut workers);
+    let extras = kvroute_index::BlockExtras {
+        cache_salt: b.cache_salt.clone(),
+        lora,
+    };
+    let q = kvroute_index::Query {
+        tokens: b.tokens.clone(),
+        extras: extras.clone(),
+        skip_prefix_cache: false,
+    };
+    let predictions = st.registry.index.predict_all(&q);
+    let ranked = decide_with(
         &st.registry,
         &workers,
         &b.tokens,
-        b.cache_salt,
+        extras,
         false,
         st.policy(),
         &st.config.weights,

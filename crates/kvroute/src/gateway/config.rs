@@ -3,13 +3,15 @@
 //! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token) and
 //! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
 //! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
-//! `PYTHONHASHSEED`, the engine generation and `--speculative-config`'s fields), with
+//! `PYTHONHASHSEED`, the engine generation, `--speculative-config`'s fields and the LoRA
+//! adapters of `--lora-modules`), with
 //! validation that names the offending field, and the `--worker` flag keys for those.
 //! Must not: start anything.
 
 use super::policy::PolicyKind;
 use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -85,6 +87,11 @@ pub struct WorkerSpec {
     /// the gateway tokenizes itself instead of asking the worker's `/tokenize`.
     #[serde(default)]
     pub model_dir: Option<PathBuf>,
+    /// LoRA adapters the engine serves (its `--lora-modules`): name → path, the path exactly as
+    /// the engine was given it (it is part of the block hash). The worker's `/v1/models`
+    /// (adapters listed with a `parent`, `root` the path) adds and overrides these.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lora_modules: BTreeMap<String, String>,
 }
 
 /// A worker's speculative decoding, as the spec gives it.
@@ -180,6 +187,7 @@ impl WorkerSpec {
             speculative: SpeculativeSpec::default(),
             hash_lookahead_tokens: None,
             model_dir: None,
+            lora_modules: BTreeMap::new(),
         }
     }
 
@@ -230,7 +238,8 @@ impl WorkerSpec {
 
     /// Sets one `--worker` key this module owns: `engine`, `speculative_method`,
     /// `num_speculative_tokens`, `num_nextn_predict_layers`, `disable_lookahead_block_hashes`,
-    /// `disable_eagle_block_drop`, `hash_lookahead_tokens`. Any other key is an error.
+    /// `disable_eagle_block_drop`, `hash_lookahead_tokens`, `lora_module` (`name:path`, once
+    /// per adapter). Any other key is an error.
     pub fn set_flag(&mut self, key: &str, value: &str) -> Result<(), String> {
         let bad = |e: &dyn std::fmt::Display| format!("{key}={value}: {e}");
         match key {
@@ -255,6 +264,12 @@ impl WorkerSpec {
             "hash_lookahead_tokens" => {
                 self.hash_lookahead_tokens = Some(value.parse().map_err(|e| bad(&e))?)
             }
+            "lora_module" => match value.split_once(':') {
+                Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+                    self.lora_modules.insert(name.into(), path.into());
+                }
+                _ => return Err(bad(&"expected name:path")),
+            },
             other => return Err(format!("unknown key {other:?}")),
         }
         Ok(())

@@ -72,12 +72,11 @@ pub fn candidates_for(registry: &Registry, model: &str) -> Vec<Arc<Worker>> {
     registry
         .all()
         .into_iter()
-        .filter(|w| w.spec.model == model && w.routable())
+        .filter(|w| w.serves(model) && w.routable())
         .collect()
 }
 
-/// Ranks `workers` for a request. The request is hashed once; per-group evidence is computed
-/// (for the chosen worker only) when `evidence` is set.
+/// Ranks `workers` for a base-model request (no LoRA adapter): `decide_with` its salt.
 #[allow(clippy::too_many_arguments)]
 pub fn decide<'a>(
     registry: &Registry,
@@ -90,13 +89,42 @@ pub fn decide<'a>(
     rr: u64,
     evidence: bool,
 ) -> Ranked<'a> {
+    let extras = BlockExtras {
+        cache_salt: salt,
+        lora: None,
+    };
+    decide_with(
+        registry,
+        workers,
+        tokens,
+        extras,
+        skip_prefix_cache,
+        policy,
+        weights,
+        rr,
+        evidence,
+    )
+}
+
+/// Ranks `workers` for a request hashed with `extras` (its salt and LoRA adapter key). The
+/// request is hashed once; per-group evidence is computed (for the chosen worker only) when
+/// `evidence` is set.
+#[allow(clippy::too_many_arguments)]
+pub fn decide_with<'a>(
+    registry: &Registry,
+    workers: &[Arc<Worker>],
+    tokens: &'a [u32],
+    extras: BlockExtras,
+    skip_prefix_cache: bool,
+    policy: PolicyKind,
+    weights: &PolicyWeights,
+    rr: u64,
+    evidence: bool,
+) -> Ranked<'a> {
     let start = std::time::Instant::now();
     let q = Query {
         tokens: tokens.to_vec(),
-        extras: BlockExtras {
-            cache_salt: salt,
-            lora: None,
-        },
+        extras,
         skip_prefix_cache,
     };
     let n = tokens.len() as u64;

@@ -2,9 +2,10 @@
 //! once.
 //!
 //! Owns: the background loop that probes each worker when due (healthy: every interval;
-//! failing: exponential backoff up to 30 s) and asks a healthy worker's `GET /version` until
-//! it answers (the registry then records the engine generation). The engines' load figures
-//! are polled by [`super::engine_load`].
+//! failing: exponential backoff up to 30 s), asks a healthy worker's `GET /version` until it
+//! answers (the registry then records the engine generation), and reads the LoRA adapters its
+//! `GET /v1/models` lists (entries with a `parent`; `root` is the adapter's path). The
+//! engines' load figures are polled by [`super::engine_load`].
 //! Must not: remove workers (only mark them).
 
 use super::registry::Registry;
@@ -38,6 +39,36 @@ async fn ask_version(client: &reqwest::Client, base: &str) -> Option<Option<Stri
     )
 }
 
+/// The LoRA adapters a worker's `GET /v1/models` lists, as vLLM lists them (`id` the name,
+/// `parent` the base model, `root` the path); `None` when it gave no usable list.
+async fn ask_adapters(
+    client: &reqwest::Client,
+    base: &str,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    let r = client
+        .get(format!("{base}/v1/models"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    if !r.status().is_success() {
+        return None;
+    }
+    let body: serde_json::Value = r.json().await.ok()?;
+    let listed = body.get("data")?.as_array()?;
+    Some(
+        listed
+            .iter()
+            .filter(|m| m.get("parent").is_some_and(|p| p.is_string()))
+            .filter_map(|m| {
+                let name = m.get("id")?.as_str()?;
+                let path = m.get("root")?.as_str()?;
+                Some((name.to_string(), path.to_string()))
+            })
+            .collect(),
+    )
+}
+
 pub async fn run(
     registry: Arc<Registry>,
     client: reqwest::Client,
@@ -63,6 +94,9 @@ pub async fn run(
                     if let Some(v) = version {
                         registry.engine_reported(&w, v.as_deref());
                     }
+                }
+                if let Some(adapters) = ask_adapters(&client, &base).await {
+                    w.adapters_listed(adapters);
                 }
             } else {
                 w.mark_failure();

@@ -9,9 +9,9 @@
 //! cached tokens against the prediction.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
-use super::decide::{candidates_for, decide, Decision};
+use super::decide::{candidates_for, decide_with, Decision};
 use super::pending::Prompt;
-use super::registry::{LoadGuard, Worker};
+use super::registry::{LoadGuard, Registry, Worker};
 use super::tokenize::{prompt_input, PromptInput, TokenizeError};
 use super::ttft::Work;
 use super::AppState;
@@ -21,6 +21,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
+use kvroute_index::BlockExtras;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -128,7 +129,9 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
     };
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let skip = req.get("prompt_logprobs").is_some_and(|v| !v.is_null());
-    let workers = candidates_for(&st.registry, &model);
+    let mut workers = candidates_for(&st.registry, &model);
+    // An adapter request is hashed with the adapter's key, on the workers serving it.
+    let lora = Registry::adapter_key(&model, &mut workers);
     if workers.is_empty() {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -152,11 +155,15 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         || headers
             .get("x-kvroute-explain")
             .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
-    let ranked = decide(
+    let extras = BlockExtras {
+        cache_salt: salt,
+        lora,
+    };
+    let ranked = decide_with(
         &st.registry,
         &workers,
         &tokens,
-        salt,
+        extras,
         skip,
         policy,
         &st.config.weights,

@@ -3,10 +3,13 @@
 //! Owns: per worker its spec, health (with backoff), drain flag, the gateway's own load
 //! accounting (in-flight requests, queued prefill tokens), the engine's reported queue from its
 //! `/metrics`, its engine generation (configured, or detected from its `/version`, which then
-//! re-configures the worker in the index), and its event subscriptions (one per DP rank)
-//! feeding the shared index.
+//! re-configures the worker in the index), the LoRA adapters it serves (configured, and as its
+//! `/v1/models` lists them), and its event subscriptions (one per DP rank) feeding the shared
+//! index.
 //! Invariants: adding a worker starts its subscriptions; removing it stops them and drops its
-//! index state; load counters never underflow (guards release exactly what they took).
+//! index state; load counters never underflow (guards release exactly what they took); a
+//! request for an adapter is keyed `(name, path)` with the path its workers' engines were
+//! given, and goes only to workers serving the adapter from that path.
 //! Must not: choose workers (policy does) or proxy requests.
 
 use super::config::WorkerSpec;
@@ -63,6 +66,9 @@ pub struct Worker {
     pub pending: Pending,
     /// This worker's TTFT, learned from what it answered.
     pub ttft: TtftModel,
+    /// LoRA adapters served beside the base model: name → path (the spec's, then as the
+    /// worker's `/v1/models` lists them).
+    pub adapters: RwLock<BTreeMap<String, String>>,
 }
 
 /// The engine generation a worker is predicted by, where that came from, and what the worker's
@@ -116,6 +122,8 @@ pub struct WorkerView {
     pub hash_lookahead_tokens: u32,
     /// Whether its matches drop the EAGLE block.
     pub eagle_drop: bool,
+    /// LoRA adapters it serves: name → path.
+    pub adapters: BTreeMap<String, String>,
     /// The worker's learned TTFT model.
     pub ttft_model: super::ttft::TtftView,
 }
@@ -135,6 +143,7 @@ impl Worker {
         Worker {
             id: spec.name.as_str().into(),
             engine,
+            adapters: RwLock::new(spec.lora_modules.clone()),
             spec,
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
@@ -148,6 +157,28 @@ impl Worker {
             subscriptions: Mutex::new(Vec::new()),
             pending: Pending::default(),
             ttft: TtftModel::default(),
+        }
+    }
+
+    /// Whether requests for `model` may go here: the base model or one of its adapters.
+    pub fn serves(&self, model: &str) -> bool {
+        self.spec.model == model || self.adapters.read().contains_key(model)
+    }
+
+    /// The path the worker serves adapter `name` from.
+    pub fn adapter_path(&self, name: &str) -> Option<String> {
+        self.adapters.read().get(name).cloned()
+    }
+
+    /// Records the adapters the worker's `/v1/models` lists (name → path): they add to and
+    /// override the configured ones (the engine's path is the one it hashes with).
+    pub fn adapters_listed(&self, listed: BTreeMap<String, String>) {
+        let mut all = self.spec.lora_modules.clone();
+        all.extend(listed);
+        let mut current = self.adapters.write();
+        if *current != all {
+            tracing::info!(worker = %self.spec.name, adapters = ?all, "LoRA adapters");
+            *current = all;
         }
     }
 
@@ -235,6 +266,7 @@ impl Worker {
             engine_version: info.version,
             hash_lookahead_tokens: rules.lookahead,
             eagle_drop: rules.eagle_drop,
+            adapters: self.adapters.read().clone(),
             ttft_model: self.ttft.view(),
         }
     }
@@ -331,16 +363,31 @@ impl Registry {
         self.workers.read().get(name).cloned()
     }
 
+    /// Every model a request may name: the workers' base models and their adapters.
     pub fn models(&self) -> Vec<String> {
-        let mut m: Vec<String> = self
-            .workers
-            .read()
-            .values()
-            .map(|w| w.spec.model.clone())
-            .collect();
+        let mut m: Vec<String> = Vec::new();
+        for w in self.workers.read().values() {
+            m.push(w.spec.model.clone());
+            m.extend(w.adapters.read().keys().cloned());
+        }
         m.sort();
         m.dedup();
         m
+    }
+
+    /// The LoRA key of a request for `model` among `workers` (those serving it): `None` when
+    /// `model` is a base model (`workers` keeps the workers serving it as their base);
+    /// otherwise the adapter's `(name, path)` as the first of them (by name) serves it, with
+    /// `workers` narrowed to those serving it from that same path (another path is another
+    /// key, so another cache).
+    pub fn adapter_key(model: &str, workers: &mut Vec<Arc<Worker>>) -> Option<(String, String)> {
+        if workers.iter().any(|w| w.spec.model == model) {
+            workers.retain(|w| w.spec.model == model);
+            return None;
+        }
+        let path = workers.iter().find_map(|w| w.adapter_path(model))?;
+        workers.retain(|w| w.adapter_path(model).as_deref() == Some(path.as_str()));
+        Some((model.to_string(), path))
     }
 
     /// Adds a worker and (inside a tokio runtime) starts its event subscriptions.
