@@ -35,6 +35,8 @@ pub struct Metrics {
     /// Requests whose prompt extends an earlier one, and the further requests a conversation
     /// is expected to bring (the policy's horizon, [`super::sessions`]).
     pub follow_ups: IntCounter,
+    /// Workers ejected after failed requests in a row.
+    pub ejections: IntCounterVec,
     pub expected_follow_ups: Gauge,
     index_counters: IntGaugeVec,
     index_size: IntGaugeVec,
@@ -155,6 +157,14 @@ impl Metrics {
             "Further requests a conversation is expected to bring after the current one",
         ));
         must(registry.register(Box::new(follow_ups.clone())));
+        let ejections = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_worker_ejections_total",
+                "Workers ejected after failed requests (5xx, timeouts, resets) in a row",
+            ),
+            &["worker"],
+        ));
+        must(registry.register(Box::new(ejections.clone())));
         must(registry.register(Box::new(expected_follow_ups.clone())));
         let index_counters = must(IntGaugeVec::new(
             Opts::new("kvroute_index_events", "Index counters (monotonic)"),
@@ -206,6 +216,7 @@ impl Metrics {
             cache_overridden,
             cached_forgone,
             follow_ups,
+            ejections,
             expected_follow_ups,
             index_counters,
             index_size,

@@ -366,25 +366,38 @@ async fn forward(
         .send()
         .await
         .map_err(|e| {
-            worker.mark_failure();
+            // Refused connections eject at once; timeouts and resets count towards the streak.
+            if e.is_connect() {
+                worker.mark_failure();
+            } else {
+                worker_failed(st, worker);
+            }
             UpstreamError {
                 message: format!("{}: {e}", worker.spec.name),
                 retryable: true,
             }
         })?;
     let status = resp.status();
-    if status.is_server_error() && !stream {
-        return Err(UpstreamError {
-            message: format!("{} answered {status}", worker.spec.name),
-            retryable: true,
-        });
+    if status.is_server_error() {
+        worker_failed(st, worker);
+        if !stream {
+            return Err(UpstreamError {
+                message: format!("{} answered {status}", worker.spec.name),
+                retryable: true,
+            });
+        }
+    } else {
+        worker.request_answered();
     }
     let ctype = resp.headers().get("content-type").cloned();
     let name = worker.spec.name.clone();
     if !stream || !status.is_success() {
-        let bytes = resp.bytes().await.map_err(|e| UpstreamError {
-            message: format!("{name}: reading the response: {e}"),
-            retryable: true,
+        let bytes = resp.bytes().await.map_err(|e| {
+            worker_failed(st, worker);
+            UpstreamError {
+                message: format!("{name}: reading the response: {e}"),
+                retryable: true,
+            }
         })?;
         guard.prefill_done();
         st.metrics
@@ -433,6 +446,9 @@ async fn forward(
                 }
             }
         }
+        if chunk.is_err() {
+            worker_failed(&st2, &worker2);
+        }
         chunk.map_err(std::io::Error::other)
     });
     let mut r = Response::new(Body::from_stream(body_stream));
@@ -440,6 +456,21 @@ async fn forward(
         r.headers_mut().insert("content-type", ct);
     }
     Ok(r)
+}
+
+/// Counts a worker-side failure; logs and counts the ejection it may cause.
+fn worker_failed(st: &AppState, worker: &Worker) {
+    if worker.request_failed() {
+        tracing::warn!(
+            worker = %worker.spec.name,
+            after = super::registry::EJECT_AFTER,
+            "worker ejected after failed requests in a row; the health check probes it back"
+        );
+        st.metrics
+            .ejections
+            .with_label_values(&[&worker.spec.name])
+            .inc();
+    }
 }
 
 fn record_error(st: &AppState, worker: &str, predicted: u64, reported: u64) {

@@ -44,6 +44,9 @@ impl EventSink for IndexSink {
     }
 }
 
+/// Worker-side request failures in a row that eject a worker.
+pub const EJECT_AFTER: u32 = 3;
+
 pub struct Worker {
     pub spec: WorkerSpec,
     pub id: WorkerId,
@@ -58,6 +61,9 @@ pub struct Worker {
     /// The engine's own figures from its `/metrics` ([`super::engine_load`]).
     pub engine_load: Mutex<EngineLoad>,
     pub consecutive_failures: AtomicU32,
+    /// Requests in a row the worker failed (5xx, timeouts, broken answers); at
+    /// [`EJECT_AFTER`] it is ejected like a failed health check.
+    pub request_failures: AtomicU32,
     pub next_check: Mutex<Instant>,
     pub subscriptions: Mutex<Vec<SubscriptionHandle>>,
     /// Which engine generation predicts this worker, and why.
@@ -153,6 +159,7 @@ impl Worker {
             mean_prefill: Mutex::new(0.0),
             engine_load: Mutex::new(EngineLoad::default()),
             consecutive_failures: AtomicU32::new(0),
+            request_failures: AtomicU32::new(0),
             next_check: Mutex::new(Instant::now()),
             subscriptions: Mutex::new(Vec::new()),
             pending: Pending::default(),
@@ -212,6 +219,25 @@ impl Worker {
     /// running request ([`Worker::running`]).
     pub fn load_tokens(&self, tokens_per_request: f64) -> f64 {
         self.queued_tokens() as f64 + tokens_per_request * self.running() as f64
+    }
+
+    /// A request failed on the worker's side (5xx, a timeout, a reset or broken answer);
+    /// returns whether that ejected it: [`EJECT_AFTER`] in a row make it unhealthy until the
+    /// health check, after its backoff, finds it answering again. Client errors (4xx) are not
+    /// the worker's failures and must not be reported here.
+    pub fn request_failed(&self) -> bool {
+        let n = self.request_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= EJECT_AFTER {
+            self.request_failures.store(0, Ordering::Relaxed);
+            self.mark_failure();
+            return true;
+        }
+        false
+    }
+
+    /// A request was answered (any status below 500): the failure streak ends.
+    pub fn request_answered(&self) {
+        self.request_failures.store(0, Ordering::Relaxed);
     }
 
     pub fn mark_success(&self) {
