@@ -6,7 +6,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvroute::gateway::config::{GatewayConfig, WorkerSpec};
+mod common;
+
+use kvroute::gateway::config::WorkerSpec;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
 use serde_json::{json, Value};
@@ -42,14 +44,9 @@ async fn failing_engine(status: u16) -> (String, Arc<AtomicU64>) {
 }
 
 async fn gateway(workers: Vec<WorkerSpec>) -> GatewayHandle {
-    let cfg = GatewayConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        health_interval_secs: 0.1,
-        workers,
-        ..GatewayConfig::default()
-    };
-    Gateway::start(cfg).await.unwrap()
+    Gateway::start(common::gateway_config(workers))
+        .await
+        .unwrap()
 }
 
 async fn complete(gw: &GatewayHandle, seed: u32) -> u16 {
@@ -90,12 +87,7 @@ async fn a_worker_failing_requests_is_ejected_after_three_and_probed_back() {
         3,
         "ejected after three failures"
     );
-    let metrics = reqwest::get(format!("http://{}/metrics", gw.admin_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::admin_metrics(&gw).await;
     assert!(
         metrics.contains("kvroute_worker_ejections_total{worker=\"a-bad\"} 1"),
         "{metrics}"

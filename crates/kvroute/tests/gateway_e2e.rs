@@ -4,7 +4,9 @@
 //! is garbage, and workers added and removed under load do not break anyone else's requests;
 //! the official `openai` Python client works against the gateway.
 
-use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+mod common;
+
+use kvroute::gateway::config::{KvEventsSpec, WorkerSpec};
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, SimHandle, WorkerConfig};
 use serde_json::{json, Value};
@@ -19,28 +21,11 @@ async fn fleet(n: usize) -> Fleet {
 }
 
 fn spec(h: &SimHandle) -> WorkerSpec {
-    let mut s = WorkerSpec::new(&h.name, &h.base_url, PRESET);
-    let port = h.zmq[0].rsplit(':').next().unwrap();
-    let rport = h.replay[0].rsplit(':').next().unwrap();
-    s.kv_events = Some(KvEventsSpec {
-        endpoint: format!("tcp://*:{port}"),
-        replay_endpoint: Some(format!("tcp://*:{rport}")),
-        topic: String::new(),
-        host: Some("127.0.0.1".into()),
-        dialect: "vllm".into(),
-    });
-    s
+    common::sim_spec(h, PRESET, true)
 }
 
 async fn gateway(workers: Vec<WorkerSpec>) -> GatewayHandle {
-    let cfg = GatewayConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        health_interval_secs: 0.1,
-        explain_always: true,
-        workers,
-        ..GatewayConfig::default()
-    };
+    let cfg = common::gateway_config(workers);
     let gw = Gateway::start(cfg).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     gw
@@ -665,12 +650,7 @@ async fn streamed_answers_teach_the_ttft_model_and_each_decision_shows_its_estim
         let _ = r.text().await.unwrap();
     }
     // Each streamed answer's first byte was observed: the models moved off their prior.
-    let metrics = reqwest::get(format!("http://{}/metrics", gw.admin_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::admin_metrics(&gw).await;
     let observed: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("kvroute_ttft_prediction_error_seconds_count"))
@@ -737,12 +717,7 @@ async fn conversations_are_recognised_and_only_a_new_one_is_priced_with_its_late
     );
     let last = *follow_ups_seen.last().unwrap();
     assert!((1.5..=2.5).contains(&last), "expected follow-ups {last}");
-    let metrics = reqwest::get(format!("http://{}/metrics", gw.admin_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::admin_metrics(&gw).await;
     assert!(
         metrics.contains("kvroute_follow_up_requests_total 20"),
         "{metrics}"

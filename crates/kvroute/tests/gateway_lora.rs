@@ -5,7 +5,9 @@
 //! `("lora", name, path)` key) exactly as the engine reports them; base-model and adapter
 //! requests with the same prompt share no cache; an unknown model is refused.
 
-use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+mod common;
+
+use kvroute::gateway::config::WorkerSpec;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{PublisherConfig, SimHandle, WorkerConfig};
 use serde_json::{json, Value};
@@ -25,28 +27,13 @@ async fn sim(name: &str, adapters: &[&str]) -> SimHandle {
 }
 
 fn spec(h: &SimHandle) -> WorkerSpec {
-    let mut s = WorkerSpec::new(&h.name, &h.base_url, BASE);
-    let port = h.zmq[0].rsplit(':').next().unwrap();
-    s.kv_events = Some(KvEventsSpec {
-        endpoint: format!("tcp://*:{port}"),
-        replay_endpoint: None,
-        topic: String::new(),
-        host: Some("127.0.0.1".into()),
-        dialect: "vllm".into(),
-    });
-    s
+    common::sim_spec(h, BASE, false)
 }
 
 async fn gateway(workers: Vec<WorkerSpec>) -> GatewayHandle {
-    let cfg = GatewayConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        health_interval_secs: 0.1,
-        explain_always: true,
-        workers,
-        ..GatewayConfig::default()
-    };
-    Gateway::start(cfg).await.unwrap()
+    Gateway::start(common::gateway_config(workers))
+        .await
+        .unwrap()
 }
 
 /// Waits until the gateway lists `model` (learned from a worker's `/v1/models`).

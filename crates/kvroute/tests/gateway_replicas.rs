@@ -3,9 +3,11 @@
 //! request, a replica started late catches up through the engines' replay sockets, and the
 //! engines' own load figures (`/metrics`, polled) make each replica count what the others sent.
 
-use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+mod common;
+
+use kvroute::gateway::config::GatewayConfig;
 use kvroute::gateway::{Gateway, GatewayHandle};
-use kvroute_sim::{Fleet, FleetOptions, SimHandle, WorkerConfig};
+use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -17,30 +19,12 @@ async fn fleet(n: usize, speedup: f64) -> Fleet {
     Fleet::start(FleetOptions::new(cfg, n)).await.unwrap()
 }
 
-fn spec(h: &SimHandle) -> WorkerSpec {
-    let mut s = WorkerSpec::new(&h.name, &h.base_url, PRESET);
-    let port = h.zmq[0].rsplit(':').next().unwrap();
-    let rport = h.replay[0].rsplit(':').next().unwrap();
-    s.kv_events = Some(KvEventsSpec {
-        endpoint: format!("tcp://*:{port}"),
-        replay_endpoint: Some(format!("tcp://*:{rport}")),
-        topic: String::new(),
-        host: Some("127.0.0.1".into()),
-        dialect: "vllm".into(),
-    });
-    s
-}
-
 async fn replica(f: &Fleet) -> GatewayHandle {
+    let workers = f.workers.iter().map(|h| common::sim_spec(h, PRESET, true));
     let cfg = GatewayConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        health_interval_secs: 0.1,
         load_poll_interval_secs: 0.02,
         load_poll_timeout_secs: 0.5,
-        explain_always: true,
-        workers: f.workers.iter().map(spec).collect(),
-        ..GatewayConfig::default()
+        ..common::gateway_config(workers.collect())
     };
     let gw = Gateway::start(cfg).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;

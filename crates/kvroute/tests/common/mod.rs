@@ -1,0 +1,49 @@
+//! What the gateway's integration tests share: a gateway configuration on loopback, a worker
+//! spec for a simulated worker (its real ZMQ endpoints), and reading a gateway's metrics.
+//! Each test file uses some of it.
+#![allow(dead_code)]
+
+use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+use kvroute::gateway::GatewayHandle;
+use kvroute_sim::SimHandle;
+
+/// A gateway on ephemeral loopback ports with fast health checks, explaining every decision.
+pub fn gateway_config(workers: Vec<WorkerSpec>) -> GatewayConfig {
+    GatewayConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        health_interval_secs: 0.1,
+        explain_always: true,
+        workers,
+        ..GatewayConfig::default()
+    }
+}
+
+/// The spec of a simulated worker serving `model`: its event port, and its replay port when
+/// `replay` is set.
+pub fn sim_spec(h: &SimHandle, model: &str, replay: bool) -> WorkerSpec {
+    let mut s = WorkerSpec::new(&h.name, &h.base_url, model);
+    let port = h.zmq[0].rsplit(':').next().unwrap();
+    let replay_endpoint = replay.then(|| {
+        let rport = h.replay[0].rsplit(':').next().unwrap();
+        format!("tcp://*:{rport}")
+    });
+    s.kv_events = Some(KvEventsSpec {
+        endpoint: format!("tcp://*:{port}"),
+        replay_endpoint,
+        topic: String::new(),
+        host: Some("127.0.0.1".into()),
+        dialect: "vllm".into(),
+    });
+    s
+}
+
+/// The admin listener's Prometheus text.
+pub async fn admin_metrics(gw: &GatewayHandle) -> String {
+    reqwest::get(format!("http://{}/metrics", gw.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
