@@ -2,7 +2,8 @@
 //! event streams, real HTTP). Routing follows the cache and predicts the engine's hit exactly;
 //! streams pass through; tokens equal the worker's; a dead worker, a worker whose event stream
 //! is garbage, and workers added and removed under load do not break anyone else's requests;
-//! the official `openai` Python client works against the gateway.
+//! the official `openai` Python client works against the gateway; a client leaving mid-stream
+//! aborts the engine's request and releases its load; conversations are recognised.
 
 mod common;
 
@@ -732,5 +733,58 @@ async fn conversations_are_recognised_and_only_a_new_one_is_priced_with_its_late
     for w in admin["workers"].as_array().unwrap() {
         assert!(w["ttft_model"]["load_wait_ms"].as_f64().unwrap() >= 0.0);
     }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_stream_aborts_the_engines_request_and_releases_its_load() {
+    // Engines in real time: a 900-token answer streams for seconds.
+    let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
+    cfg.speedup = 1.0;
+    let f = Fleet::start(FleetOptions::new(cfg, 1)).await.unwrap();
+    let gw = gateway(f.workers.iter().map(spec).collect()).await;
+    let engine = f.workers[0].base_url.clone();
+    let running = || {
+        let engine = engine.clone();
+        async move {
+            let v: Value = reqwest::get(format!("{engine}/admin/cache"))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["ranks"][0]["running"].as_u64().unwrap() + v["ranks"][0]["waiting"].as_u64().unwrap()
+        }
+    };
+    let mut r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", gw.addr))
+        .json(&json!({"prompt": prompt(3, 64), "max_tokens": 900, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The first chunk arrives: the request runs on the engine and is booked on the worker.
+    assert!(r.chunk().await.unwrap().is_some());
+    assert_eq!(running().await, 1);
+    let w = gw.state.registry.all()[0].clone();
+    assert_eq!(w.in_flight.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // The client goes away.
+    drop(r);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while (running().await > 0 || w.in_flight.load(std::sync::atomic::Ordering::Relaxed) > 0)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(running().await, 0, "the engine aborted the request");
+    assert_eq!(
+        w.in_flight.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "load released"
+    );
+    assert_eq!(
+        w.queued_prefill.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
     gw.shutdown().await;
 }
