@@ -145,6 +145,7 @@ pub async fn explain(State(st): State<Arc<AppState>>, Json(b): Json<ExplainBody>
         &b.tokens,
         extras,
         false,
+        st.registry.follow_ups.extends_earlier(&b.tokens),
         st.policy(),
         &st.config.weights,
         0,

@@ -76,7 +76,8 @@ pub fn candidates_for(registry: &Registry, model: &str) -> Vec<Arc<Worker>> {
         .collect()
 }
 
-/// Ranks `workers` for a base-model request (no LoRA adapter): `decide_with` its salt.
+/// Ranks `workers` for a base-model request (no LoRA adapter): `decide_with` its salt, and
+/// whether it extends an earlier prompt as the follow-up tracker holds it (without recording it).
 #[allow(clippy::too_many_arguments)]
 pub fn decide<'a>(
     registry: &Registry,
@@ -93,12 +94,14 @@ pub fn decide<'a>(
         cache_salt: salt,
         lora: None,
     };
+    let follow_up = registry.follow_ups.extends_earlier(tokens);
     decide_with(
         registry,
         workers,
         tokens,
         extras,
         skip_prefix_cache,
+        follow_up,
         policy,
         weights,
         rr,
@@ -106,9 +109,10 @@ pub fn decide<'a>(
     )
 }
 
-/// Ranks `workers` for a request hashed with `extras` (its salt and LoRA adapter key). The
-/// request is hashed once; per-group evidence is computed (for the chosen worker only) when
-/// `evidence` is set.
+/// Ranks `workers` for a request hashed with `extras` (its salt and LoRA adapter key);
+/// `follow_up`: whether it extends an earlier prompt (the caller asked the follow-up tracker,
+/// [`super::sessions::FollowUps`]). The request is hashed once; per-group evidence is computed
+/// (for the chosen worker only) when `evidence` is set.
 #[allow(clippy::too_many_arguments)]
 pub fn decide_with<'a>(
     registry: &Registry,
@@ -116,6 +120,7 @@ pub fn decide_with<'a>(
     tokens: &'a [u32],
     extras: BlockExtras,
     skip_prefix_cache: bool,
+    follow_up: bool,
     policy: PolicyKind,
     weights: &PolicyWeights,
     rr: u64,
@@ -217,7 +222,7 @@ pub fn decide_with<'a>(
     // the wait each candidate's load will add to them. A follow-up's conversation already
     // lives where its history is cached; moving it would re-prefill and re-store that history
     // (the cache it destroys is not priced), so it is ranked by its own TTFT.
-    let follow_ups = if policy.uses_cache() && !registry.follow_ups.extends_earlier(tokens) {
+    let follow_ups = if policy.uses_cache() && !follow_up {
         registry.follow_ups.expected()
     } else {
         0.0

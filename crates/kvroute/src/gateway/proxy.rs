@@ -147,7 +147,9 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         return error(StatusCode::BAD_REQUEST, "the prompt is empty");
     }
     let policy = st.policy();
-    if policy.uses_cache() && st.registry.follow_ups.observe(&tokens) {
+    // Recorded once here; the decision is told whether it was a follow-up.
+    let follow_up = policy.uses_cache() && st.registry.follow_ups.observe(&tokens);
+    if follow_up {
         st.metrics.follow_ups.inc();
     }
     let rr = st.rr.fetch_add(1, Ordering::Relaxed);
@@ -165,6 +167,7 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         &tokens,
         extras,
         skip,
+        follow_up,
         policy,
         &st.config.weights,
         rr,
