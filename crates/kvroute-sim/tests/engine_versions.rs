@@ -6,13 +6,13 @@
 
 mod common;
 
+use common::subscriber::{stores, subscribed_worker};
 use common::{get, post};
 use kvroute_index::hash::{self, BlockExtras, BlockHasher, HashAlgo, DEFAULT_SEED};
-use kvroute_index::{Engine as Generation, Event, Speculative, Stored};
-use kvroute_sim::{fleet, PublisherConfig, SimHandle, WorkerConfig};
+use kvroute_index::{Engine as Generation, Speculative};
+use kvroute_sim::{SimHandle, WorkerConfig};
 use serde_json::json;
-use std::time::Duration;
-use zeromq::{Socket, SocketRecv, SubSocket};
+use zeromq::SubSocket;
 
 async fn worker(engine: Generation) -> (SimHandle, SubSocket) {
     let mut cfg = WorkerConfig::for_preset("llama").unwrap();
@@ -24,30 +24,7 @@ async fn worker(engine: Generation) -> (SimHandle, SubSocket) {
         disable_lookahead_block_hashes: false,
         disable_eagle_block_drop: false,
     });
-    cfg.speedup = 1e6;
-    cfg.zmq = Some(PublisherConfig::new("tcp://127.0.0.1:0"));
-    let h = fleet::start_worker("w0", cfg, ([127, 0, 0, 1], 0).into())
-        .await
-        .unwrap();
-    let mut sub = SubSocket::new();
-    sub.connect(&h.zmq[0]).await.unwrap();
-    sub.subscribe("").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    (h, sub)
-}
-
-async fn stores(sub: &mut SubSocket) -> Vec<Stored> {
-    let mut out = Vec::new();
-    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
-        let frames: Vec<Vec<u8>> = m.into_vec().iter().map(|f| f.to_vec()).collect();
-        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        let (_, _, batch) = kvroute_wire::decode_message(&"w0".into(), &refs).unwrap();
-        out.extend(batch.events.into_iter().filter_map(|e| match e {
-            Event::Stored(s) => Some(s),
-            _ => None,
-        }));
-    }
-    out
+    subscribed_worker(cfg).await
 }
 
 async fn cached(h: &SimHandle, prompt: &[u32], max_tokens: usize) -> u64 {

@@ -5,13 +5,12 @@
 
 mod common;
 
+use common::subscriber::{stores, subscribed_worker};
 use common::{get, post};
 use kvroute_index::hash::{self, BlockExtras, BlockHasher, HashAlgo, DEFAULT_SEED};
-use kvroute_index::{Event, Stored};
-use kvroute_sim::{fleet, LoraModule, PublisherConfig, SimHandle, WorkerConfig};
+use kvroute_sim::{LoraModule, SimHandle, WorkerConfig};
 use serde_json::json;
-use std::time::Duration;
-use zeromq::{Socket, SocketRecv, SubSocket};
+use zeromq::SubSocket;
 
 async fn worker() -> (SimHandle, SubSocket) {
     let mut cfg = WorkerConfig::for_preset("llama").unwrap();
@@ -20,30 +19,7 @@ async fn worker() -> (SimHandle, SubSocket) {
         "sql=/adapters/sql".parse().unwrap(),
         r#"{"name": "chat", "path": "/adapters/chat"}"#.parse().unwrap(),
     ];
-    cfg.speedup = 1e6;
-    cfg.zmq = Some(PublisherConfig::new("tcp://127.0.0.1:0"));
-    let h = fleet::start_worker("w0", cfg, ([127, 0, 0, 1], 0).into())
-        .await
-        .unwrap();
-    let mut sub = SubSocket::new();
-    sub.connect(&h.zmq[0]).await.unwrap();
-    sub.subscribe("").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    (h, sub)
-}
-
-async fn stores(sub: &mut SubSocket) -> Vec<Stored> {
-    let mut out = Vec::new();
-    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
-        let frames: Vec<Vec<u8>> = m.into_vec().iter().map(|f| f.to_vec()).collect();
-        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        let (_, _, batch) = kvroute_wire::decode_message(&"w0".into(), &refs).unwrap();
-        out.extend(batch.events.into_iter().filter_map(|e| match e {
-            Event::Stored(s) => Some(s),
-            _ => None,
-        }));
-    }
-    out
+    subscribed_worker(cfg).await
 }
 
 async fn cached(h: &SimHandle, model: &str, prompt: &[u32]) -> u64 {

@@ -659,12 +659,7 @@ async fn streamed_answers_teach_the_ttft_model_and_each_decision_shows_its_estim
         .sum();
     assert_eq!(observed, 24.0, "{metrics}");
     assert!(metrics.contains("kvroute_ttft_prediction_relative_error_bucket"));
-    let admin: Value = reqwest::get(format!("http://{}/admin/workers", gw.admin_addr))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let admin = common::admin_workers(&gw).await;
     let per_worker: u64 = admin["workers"]
         .as_array()
         .unwrap()
@@ -724,12 +719,7 @@ async fn conversations_are_recognised_and_only_a_new_one_is_priced_with_its_late
         "{metrics}"
     );
     assert!(metrics.contains("kvroute_expected_follow_ups"));
-    let admin: Value = reqwest::get(format!("http://{}/admin/workers", gw.admin_addr))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let admin = common::admin_workers(&gw).await;
     for w in admin["workers"].as_array().unwrap() {
         assert!(w["ttft_model"]["load_wait_ms"].as_f64().unwrap() >= 0.0);
     }

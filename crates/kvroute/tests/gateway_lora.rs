@@ -145,12 +145,7 @@ async fn adapter_requests_go_only_to_the_worker_serving_the_adapter_and_are_pred
         settle(&gw).await;
     }
     assert!(hits >= 5, "the shared prefix is reused under the adapter");
-    let view: Value = reqwest::get(format!("http://{}/admin/workers", gw.admin_addr))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = common::admin_workers(&gw).await;
     let w1 = view["workers"]
         .as_array()
         .and_then(|ws| ws.iter().find(|w| w["name"] == "w1"))

@@ -197,12 +197,7 @@ async fn two_replicas_under_load_spread_no_worse_than_one_because_each_counts_th
         "one replica: busiest {one:.2}; two replicas: busiest {two:.2}"
     );
     // Each replica's view of a worker counts the other's requests (the engine's figures).
-    let views: Value = reqwest::get(format!("http://{}/admin/workers", a.admin_addr))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let views = common::admin_workers(&a).await;
     for w in views["workers"].as_array().unwrap() {
         assert!(w["engine_load"]["polls"].as_u64().unwrap() > 0, "{w}");
     }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod corpus;
+pub mod subscriber;
 
 use serde_json::Value;
 use std::net::SocketAddr;

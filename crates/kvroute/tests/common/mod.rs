@@ -47,3 +47,13 @@ pub async fn admin_metrics(gw: &GatewayHandle) -> String {
         .await
         .unwrap()
 }
+
+/// The admin view of the workers (`GET /admin/workers`).
+pub async fn admin_workers(gw: &GatewayHandle) -> serde_json::Value {
+    reqwest::get(format!("http://{}/admin/workers", gw.admin_addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
