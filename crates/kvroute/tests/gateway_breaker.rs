@@ -12,36 +12,55 @@ use kvroute::gateway::config::WorkerSpec;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PRESET: &str = "tiny-gemma3";
 
-/// An engine that is healthy but answers every completion with `status`.
-async fn failing_engine(status: u16) -> (String, Arc<AtomicU64>) {
+/// A fake engine that answers every completion with `status`. Its `/health` answers 200
+/// until `down_after` completions were answered (0: always), then 503 until the test sets
+/// the returned flag again, so a worker the breaker ejected stays out until the test lets it
+/// back in, however slowly the machine runs.
+async fn failing_engine(status: u16, down_after: u64) -> (String, Arc<AtomicU64>, Arc<AtomicBool>) {
     let hits = Arc::new(AtomicU64::new(0));
+    let up = Arc::new(AtomicBool::new(true));
+    let state = (hits.clone(), up.clone());
     let app = Router::new()
-        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/health",
+            get(|State((_, up)): State<Shared>| async move {
+                if up.load(Ordering::SeqCst) {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+            }),
+        )
         .route(
             "/v1/completions",
             post(
-                move |State(h): State<Arc<AtomicU64>>, Json(_b): Json<Value>| async move {
-                    h.fetch_add(1, Ordering::SeqCst);
+                move |State((hits, up)): State<Shared>, Json(_b): Json<Value>| async move {
+                    let n = hits.fetch_add(1, Ordering::SeqCst) + 1;
+                    if n == down_after {
+                        up.store(false, Ordering::SeqCst);
+                    }
                     let s = StatusCode::from_u16(status).unwrap();
                     let body = json!({"error": {"message": "no", "type": "Error", "param": null, "code": status}});
                     (s, Json(body))
                 },
             ),
         )
-        .with_state(hits.clone());
+        .with_state(state);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
     });
-    (url, hits)
+    (url, hits, up)
 }
+
+type Shared = (Arc<AtomicU64>, Arc<AtomicBool>);
 
 async fn gateway(workers: Vec<WorkerSpec>) -> GatewayHandle {
     Gateway::start(common::gateway_config(workers))
@@ -70,7 +89,10 @@ async fn a_worker_failing_requests_is_ejected_after_three_and_probed_back() {
     let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
     cfg.speedup = 1000.0;
     let fleet = Fleet::start(FleetOptions::new(cfg, 1)).await.unwrap();
-    let (bad_url, bad_hits) = failing_engine(500).await;
+    // The breaker ejects it at its third failure (the ejection counter says so); its health
+    // check also fails from then on, so a slow machine cannot probe it back before the test
+    // lets it.
+    let (bad_url, bad_hits, bad_up) = failing_engine(500, 3).await;
     // "a-bad" sorts first: with equal costs it is tried first.
     let gw = gateway(vec![
         WorkerSpec::new("a-bad", &bad_url, PRESET),
@@ -92,7 +114,8 @@ async fn a_worker_failing_requests_is_ejected_after_three_and_probed_back() {
         metrics.contains("kvroute_worker_ejections_total{worker=\"a-bad\"} 1"),
         "{metrics}"
     );
-    // Its /health still answers: after the backoff the health check lets it back in.
+    // Its /health answers again: after the backoff the health check lets it back in.
+    bad_up.store(true, Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !healthy(&gw, "a-bad") && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -105,7 +128,7 @@ async fn a_worker_failing_requests_is_ejected_after_three_and_probed_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_errors_never_eject_a_worker() {
-    let (url, hits) = failing_engine(400).await;
+    let (url, hits, _) = failing_engine(400, 0).await;
     let gw = gateway(vec![WorkerSpec::new("w", &url, PRESET)]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     for k in 0..8 {
