@@ -17,6 +17,7 @@ use crate::event::Rule;
 use crate::event::{Event, WorkerId};
 use crate::hash::{self, BlockExtras, BlockHasher, HashAlgo};
 use crate::holder::{MixBuild, Multiset};
+use crate::image::{ImageError, RankImage};
 use crate::layout::{GroupSpec, Params, Plan};
 use crate::rank::{RankState, RankStats, WorkerConfig};
 use crate::rules::{self, GroupEvidence, HolderRef, Lookup, STACK_LOOKUPS};
@@ -353,6 +354,41 @@ impl Index {
             .cloned()?;
         let r = rank.read();
         Some(f(&r))
+    }
+
+    /// One rank's cache state as an image (`None`: the index does not know the rank).
+    pub fn export_rank(&self, worker: &WorkerId, dp_rank: u32) -> Option<RankImage> {
+        let rank = self
+            .ranks
+            .read()
+            .by_key
+            .get(&(worker.clone(), dp_rank))
+            .cloned()?;
+        let runs = self.runs.read();
+        let r = rank.read();
+        Some(r.export(&runs))
+    }
+
+    /// Replaces one rank's cache state with an image's, checked first (the rank keeps its
+    /// worker's configuration and its degraded mark).
+    pub fn import_rank(
+        &self,
+        worker: &WorkerId,
+        dp_rank: u32,
+        image: &RankImage,
+    ) -> Result<(), ImageError> {
+        image.check()?;
+        let rank = self.rank(worker, dp_rank);
+        {
+            let mut runs = self.runs.write();
+            let mut r = rank.write();
+            if r.dropped {
+                return Ok(());
+            }
+            r.import(image, &mut runs);
+        }
+        self.bump();
+        Ok(())
     }
 
     pub fn rank_stats(&self) -> Vec<(WorkerId, u32, RankStats)> {

@@ -13,6 +13,7 @@ pub mod counters;
 pub mod engine;
 pub mod hash;
 pub mod holder;
+pub mod image;
 pub mod index;
 pub mod layout;
 pub mod rank;
@@ -22,6 +23,7 @@ mod sparse;
 
 pub use engine::{Engine, Rules, Speculative};
 pub use hash::{BlockExtras, HashAlgo};
+pub use image::{ImageError, RankImage};
 pub use index::{Detail, Index, IndexStats, Prediction, Query, RankId};
 pub use layout::{GroupSpec, Layout, LookupConfig, Params};
 pub use rank::{HashMode, RankStats, WorkerConfig};

@@ -213,7 +213,7 @@ impl SpecTables {
         self.0.get(t as usize).map(|(_, _, s)| s)
     }
 
-    fn get_mut(&mut self, t: u16) -> Option<&mut SpecSet> {
+    pub(crate) fn get_mut(&mut self, t: u16) -> Option<&mut SpecSet> {
         self.0.get_mut(t as usize).map(|(_, _, s)| s)
     }
 
@@ -298,7 +298,7 @@ impl RankState {
         self.replan();
     }
 
-    fn replan(&mut self) {
+    pub(crate) fn replan(&mut self) {
         self.plan_gen += 1;
         self.plan = self.layout.plan(&self.config.lookup, self.config.rules());
     }
@@ -751,7 +751,7 @@ impl RankState {
 /// the rank's table for its spec. (Sliding-window groups were tried in the shared store too: on
 /// the simulator's gemma3 fleet, where windows free their front blocks, applying events was
 /// 1.3× and routing 1.6× slower; docs/benchmarks.md.)
-fn place_for<'a>(layout: &Layout, specs: &'a mut SpecTables, group: u32) -> Place<'a> {
+pub(crate) fn place_for<'a>(layout: &Layout, specs: &'a mut SpecTables, group: u32) -> Place<'a> {
     match layout.groups.get(&group) {
         Some(g) if g.rule() == Rule::FullAttention => Place::Shared,
         Some(g) => Place::Own(specs, (g.kind.clone(), g.window, g.block_size)),

@@ -139,6 +139,18 @@ impl Runs {
         out
     }
 
+    /// The runs `id` holds, each as (copies, hashes in chain order): a holder's contents in the
+    /// order a walk reads them (what a snapshot writes).
+    pub fn holder_runs(&self, id: u32) -> Vec<(u32, Vec<u64>)> {
+        self.runs
+            .iter()
+            .filter_map(|run| {
+                let c = run.copies(id);
+                (c > 0 && run.len() > 0).then(|| (c, run.hashes[run.lo as usize..].to_vec()))
+            })
+            .collect()
+    }
+
     /// Approximate heap bytes: table slots (key, location, control byte), run hashes and
     /// holder lists.
     pub fn heap_bytes(&self) -> usize {

@@ -1,6 +1,7 @@
 //! Property tests: on random event streams the fast index equals the literal reference model,
 //! in content and in every prediction, under vLLM 0.32's rules and under 0.33's (workers with
-//! 1 and 3 lookahead tokens beside 0.32 workers).
+//! 1 and 3 lookahead tokens beside 0.32 workers); and an index loaded from the fast index's
+//! exported rank images (a warm start) agrees with the reference too.
 
 mod common;
 use common::lookahead_chain;
@@ -310,6 +311,50 @@ fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -
         reference.contents(),
         "seed {seed}: contents differ"
     );
+    // A warm start: every rank exported and loaded into a fresh index predicts the same.
+    let loaded = Index::with_default(config.clone());
+    for (at, w) in workers.iter().enumerate() {
+        let (engine, lookahead) = engines[at];
+        let cfg = WorkerConfig {
+            engine,
+            hash_lookahead_tokens: lookahead,
+            ..config.clone()
+        };
+        loaded.configure_worker(&(*w).into(), cfg);
+    }
+    for (wk, rk) in fast.ranks() {
+        let image = fast.export_rank(&wk, rk).expect("a known rank exports");
+        loaded
+            .import_rank(&wk, rk, &image)
+            .expect("an exported image loads");
+        assert_eq!(
+            loaded.inspect(&wk, rk, |r| (r.layout.clone(), r.offload_blocks())),
+            fast.inspect(&wk, rk, |r| (r.layout.clone(), r.offload_blocks())),
+            "seed {seed}: {wk}/{rk} layout and tiers after loading"
+        );
+    }
+    assert_eq!(
+        loaded.contents(),
+        reference.contents(),
+        "seed {seed}: loaded contents differ"
+    );
+    for p in &prompts {
+        let q = Query {
+            tokens: p.clone(),
+            ..Query::default()
+        };
+        for got in loaded.predict_all_detail(&q, Detail::Cached) {
+            let want = reference.predict(&got.worker, got.dp_rank, &q);
+            assert_eq!(
+                (got.cached, got.group_blind),
+                want,
+                "seed {seed}: loaded {}/{}",
+                got.worker,
+                got.dp_rank
+            );
+        }
+        assert_hits_are_the_nonzero_predictions(&loaded, &q, &format!("seed {seed}: loaded"));
+    }
     for p in &prompts {
         let q = Query {
             tokens: p.clone(),

@@ -27,6 +27,6 @@ pub use reasons::{BatchError, BatchErrorReason, Cost, Dialect, DropReason, Dropp
 pub use sequence::DegradeReason;
 pub use stats::{BatchDisposition, RankSnapshot, WireStats, WireStatsSnapshot};
 pub use subscribe::{
-    spawn_subscription, ChannelSink, EventSink, RankHealth, SinkMessage, SubscriptionConfig,
-    SubscriptionHandle,
+    payload_digest, spawn_subscription, ChannelSink, EventSink, RankHealth, SinkMessage,
+    StreamPosition, SubscriptionConfig, SubscriptionHandle,
 };

@@ -150,6 +150,17 @@ impl Tracker {
         self.last_applied = Some((seq, digest));
     }
 
+    /// A tracker that continues after batch `seq` (payload digest `digest`) of a publisher
+    /// instance, as a warm start does from a snapshot: the next batch to apply is `seq + 1`.
+    pub fn resumed(seq: u64, digest: u64) -> Tracker {
+        Tracker {
+            next: Some(seq.saturating_add(1)),
+            last_live: None,
+            last_applied: Some((seq, digest)),
+            degraded: None,
+        }
+    }
+
     /// A new publisher instance: forget its predecessor (the degraded flag stays until the new
     /// instance is seen from seq 0).
     pub fn reset(&mut self) {

@@ -23,8 +23,6 @@ use crate::sequence::{DegradeReason, LiveVerdict, ReplayVerdict, Tracker};
 use crate::stats::{BatchDisposition, WireStats};
 use bytes::Bytes;
 use kvroute_index::{Cleared, Event, WorkerId};
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -57,6 +55,25 @@ pub struct SubscriptionConfig {
     /// replay endpoint, verify the publisher is the same instance). A silent publisher is not
     /// an error; this only notices one that went away, which the SUB socket cannot report.
     pub idle_reconnect: Option<Duration>,
+    /// A warm start: the index already holds this rank up to and including this batch (from a
+    /// snapshot). The first session asks the replay endpoint for what followed instead of
+    /// clearing; when the replay cannot bridge the gap (no replay endpoint, another publisher
+    /// instance, the batch left its buffer) the rank is cleared as a fresh session clears it.
+    pub resume: Option<StreamPosition>,
+}
+
+/// A point in one publisher instance's stream: the last batch applied and its payload digest
+/// ([`payload_digest`]), which tells the same instance from a restarted one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamPosition {
+    pub seq: u64,
+    pub digest: u64,
+}
+
+/// The digest a [`StreamPosition`] keeps of a batch payload (xxh3, stable across builds, so a
+/// snapshot written by one build is recognised by the next).
+pub fn payload_digest(payload: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(payload)
 }
 
 impl SubscriptionConfig {
@@ -75,6 +92,7 @@ impl SubscriptionConfig {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             idle_reconnect: Some(Duration::from_secs(30)),
+            resume: None,
         }
     }
 }
@@ -91,8 +109,18 @@ pub enum RankHealth {
 pub trait EventSink: Send + Sync + 'static {
     /// Events of one batch (or one subscription-made `Cleared`), in wire order.
     fn apply(&self, events: &[Event]);
+    /// Events of batch `position.seq` (possibly none), after which the rank's view reflects
+    /// the stream up to and including that batch.
+    fn apply_batch(&self, events: &[Event], _position: StreamPosition) {
+        if !events.is_empty() {
+            self.apply(events);
+        }
+    }
     /// The rank's health changed.
     fn rank_health(&self, _worker: &WorkerId, _dp_rank: u32, _health: RankHealth) {}
+    /// A session finished its first catch-up with the publisher (the replay it asked for has
+    /// been applied, or failed, or there is no replay endpoint).
+    fn synced(&self, _worker: &WorkerId, _dp_rank: u32) {}
 }
 
 /// What a [`ChannelSink`] forwards.
@@ -186,8 +214,9 @@ enum End {
 
 async fn supervise(ctx: Arc<Ctx>, stop: watch::Receiver<bool>) {
     let mut backoff = ctx.cfg.backoff_initial;
+    let mut resume = ctx.cfg.resume;
     loop {
-        let mut session = Session::new(ctx.clone(), stop.clone());
+        let mut session = Session::new(ctx.clone(), stop.clone(), resume.take());
         let outcome = tokio::spawn(async move { session.run().await }).await;
         let worker = &ctx.cfg.worker;
         match outcome {
@@ -222,9 +251,7 @@ async fn sleep_or_stop(d: Duration, stop: &watch::Receiver<bool>) -> bool {
 }
 
 fn digest(payload: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    payload.hash(&mut h);
-    h.finish()
+    payload_digest(payload)
 }
 
 struct Session {
@@ -233,6 +260,8 @@ struct Session {
     tracker: Tracker,
     dealer: Option<DealerSocket>,
     reported: Option<RankHealth>,
+    /// A warm start's position, until the first sync used it.
+    resume: Option<StreamPosition>,
 }
 
 enum ReplayError {
@@ -241,13 +270,14 @@ enum ReplayError {
 }
 
 impl Session {
-    fn new(ctx: Arc<Ctx>, stop: watch::Receiver<bool>) -> Session {
+    fn new(ctx: Arc<Ctx>, stop: watch::Receiver<bool>, resume: Option<StreamPosition>) -> Session {
         Session {
             ctx,
             stop,
-            tracker: Tracker::new(),
+            tracker: resume.map_or_else(Tracker::new, |p| Tracker::resumed(p.seq, p.digest)),
             dealer: None,
             reported: None,
+            resume,
         }
     }
 
@@ -260,8 +290,11 @@ impl Session {
     }
 
     async fn run(&mut self) -> End {
-        // A fresh session knows nothing of what the index holds for this rank.
-        self.clear();
+        // A fresh session knows nothing of what the index holds for this rank; a warm start
+        // knows it up to its position and bridges from there (or clears then).
+        if self.resume.is_none() {
+            self.clear();
+        }
         self.report_health();
         let mut first = true;
         let mut backoff = self.ctx.cfg.backoff_initial;
@@ -284,13 +317,16 @@ impl Session {
             self.ctx
                 .stats
                 .update_rank(&worker, rank, |r| r.connected = true);
-            let synced = if first {
-                self.initial_sync().await
-            } else {
-                self.verify_after_reconnect().await
+            let synced = match (first, self.resume.take()) {
+                (true, Some(at)) => self.resume_from(at).await,
+                (true, None) => self.initial_sync().await,
+                (false, _) => self.verify_after_reconnect().await,
             };
             if let Err(ReplayError::Stopped) = synced {
                 return End::Stopped;
+            }
+            if first {
+                self.ctx.sink.synced(&worker, rank);
             }
             first = false;
             match self.receive(&mut sub).await {
@@ -451,9 +487,9 @@ impl Session {
                 self.ctx
                     .stats
                     .update_rank(&worker, rank, |r| r.next_seq = next);
-                if !batch.events.is_empty() {
-                    self.ctx.sink.apply(&batch.events);
-                }
+                self.ctx
+                    .sink
+                    .apply_batch(&batch.events, StreamPosition { seq, digest: d });
             }
             Err(e) => {
                 self.ctx.stats.record_batch_error(&worker, &e);
@@ -528,6 +564,41 @@ impl Session {
         let Some((seq, d)) = self.tracker.last_applied() else {
             return self.initial_sync().await;
         };
+        self.bridge(seq, d).await
+    }
+
+    /// A warm start: the index holds the stream up to `at`. Without a replay endpoint nothing
+    /// can bridge the time the router was away: the rank starts as a fresh session does.
+    async fn resume_from(&mut self, at: StreamPosition) -> Result<(), ReplayError> {
+        if self.ctx.replay.is_none() {
+            tracing::info!(worker = %self.worker(), dp_rank = self.rank(), "no replay endpoint to resume from: the rank starts empty");
+            self.start_over();
+            return Ok(());
+        }
+        match self.bridge(at.seq, at.digest).await {
+            Err(ReplayError::Failed(e)) => {
+                tracing::info!(worker = %self.worker(), dp_rank = self.rank(), error = %e, "the replay could not resume the rank: it starts empty");
+                self.start_over();
+                Ok(())
+            }
+            other => {
+                tracing::info!(worker = %self.worker(), dp_rank = self.rank(), seq = at.seq, next = ?self.tracker.next(), "resumed from the snapshot's position");
+                other
+            }
+        }
+    }
+
+    /// Forgets the position and what the index holds for the rank (as a fresh session).
+    fn start_over(&mut self) {
+        self.clear();
+        self.tracker = Tracker::new();
+        self.report_health();
+    }
+
+    /// Asks the replay endpoint for batch `seq` onwards: the same instance (batch `seq` has
+    /// digest `d`) continues with what followed; a later first batch means ours left the
+    /// buffer (lost, degraded); anything else is another instance (cleared, replayed from 0).
+    async fn bridge(&mut self, seq: u64, d: u64) -> Result<(), ReplayError> {
         match self.request_replay(seq).await? {
             Some(ReplyOwned::Batch { seq: s, payload }) if s == seq && digest(&payload) == d => {
                 // Same instance: take whatever followed.

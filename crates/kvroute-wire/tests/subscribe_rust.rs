@@ -7,8 +7,8 @@ use common::publisher::{Layout, TestPublisher};
 use common::sink::{wait_for, Collected};
 use common::*;
 use kvroute_wire::{
-    spawn_subscription, ChannelSink, DegradeReason, RankHealth, SinkMessage, SubscriptionConfig,
-    SubscriptionHandle, WireStats,
+    payload_digest, spawn_subscription, ChannelSink, DegradeReason, RankHealth, SinkMessage,
+    StreamPosition, SubscriptionConfig, SubscriptionHandle, WireStats,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -311,5 +311,79 @@ async fn an_engine_that_connects_is_bound_for_by_the_subscriber() {
     p.publish(&store(0)).await;
     p.publish(&store(1)).await;
     s.wait_trace(&["C", "0", "1"]).await;
+    s.handle.stop().await;
+}
+
+/// The position of batch `seq` with payload `payload` (what a snapshot records).
+fn position(seq: u64, payload: &[u8]) -> StreamPosition {
+    StreamPosition {
+        seq,
+        digest: payload_digest(payload),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_subscription_applies_only_what_followed_its_position_and_never_clears() {
+    let mut p = TestPublisher::start(Layout::V032, 0).await;
+    for t in 0..5 {
+        p.publish(&store(t)).await;
+    }
+    let mut cfg = config("w0", &p, true);
+    cfg.resume = Some(position(2, &store(2)));
+    let mut s = subscribe(cfg).await;
+    p.publish(&store(5)).await;
+    s.wait_trace(&["3", "4", "5"]).await;
+    s.wait_health(RankHealth::Healthy).await;
+    let snap = s.stats.snapshot();
+    assert_eq!(snap.clears_emitted, 0);
+    assert_eq!(snap.ranks[0].next_seq, Some(6));
+    s.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_whose_batch_left_the_replay_buffer_clears_the_rank_and_marks_it_degraded() {
+    let mut p = TestPublisher::start(Layout::V032, 0).await;
+    p.set_buffer_steps(2);
+    for t in 0..6 {
+        p.publish(&store(t)).await;
+    }
+    let mut cfg = config("w0", &p, true);
+    cfg.resume = Some(position(1, &store(1)));
+    let mut s = subscribe(cfg).await;
+    s.wait_trace(&["C", "4", "5"]).await;
+    s.wait_health(RankHealth::Degraded(DegradeReason::ReplayWindowExceeded))
+        .await;
+    s.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_against_a_restarted_publisher_clears_and_replays_the_new_instance_from_zero() {
+    let mut p = TestPublisher::start(Layout::V032, 0).await;
+    for t in 0..3 {
+        p.publish(&store(t)).await;
+    }
+    // The snapshot's batch 1 was another payload: another instance wrote it.
+    let mut cfg = config("w0", &p, true);
+    cfg.resume = Some(position(1, &store(99)));
+    let mut s = subscribe(cfg).await;
+    s.wait_trace(&["C", "0", "1", "2"]).await;
+    s.wait_health(RankHealth::Healthy).await;
+    assert_eq!(s.stats.snapshot().restarts, 1);
+    s.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_without_a_replay_endpoint_starts_the_rank_empty() {
+    let mut p = TestPublisher::start(Layout::V032, 0).await;
+    for t in 0..3 {
+        p.publish(&store(t)).await;
+    }
+    let mut cfg = config("w0", &p, false);
+    cfg.resume = Some(position(2, &store(2)));
+    let mut s = subscribe(cfg).await;
+    p.publish(&store(3)).await;
+    s.wait_trace(&["C", "C", "3"]).await;
+    s.wait_health(RankHealth::Degraded(DegradeReason::JoinedLate))
+        .await;
     s.handle.stop().await;
 }
