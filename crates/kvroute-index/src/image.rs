@@ -256,3 +256,65 @@ impl RankState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(id: u32, copies: u32) -> GroupImage {
+        GroupImage {
+            group: id,
+            kind: "full_attention".into(),
+            sliding_window: None,
+            block_size: 16,
+            partial_size: None,
+            runs: vec![BlockRun {
+                copies,
+                hashes: vec![1, 2],
+            }],
+            content: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_image_from_outside_is_bounded_before_it_is_loaded() {
+        let ok = RankImage {
+            groups: vec![group(0, 2), group(1, 1)],
+            offload: Vec::new(),
+        };
+        assert_eq!(ok.check(), Ok(()));
+        assert_eq!(ok.block_copies(), 6);
+        let twice = RankImage {
+            groups: vec![group(0, 1), group(0, 1)],
+            offload: Vec::new(),
+        };
+        assert_eq!(twice.check(), Err(ImageError::DuplicateGroup(0)));
+        let mut zero = group(3, 1);
+        zero.block_size = 0;
+        let zero = RankImage {
+            groups: vec![zero],
+            offload: Vec::new(),
+        };
+        assert_eq!(zero.check(), Err(ImageError::ZeroBlockSize(3)));
+        for copies in [0, MAX_COPIES + 1] {
+            let img = RankImage {
+                groups: vec![group(0, copies)],
+                offload: Vec::new(),
+            };
+            assert_eq!(img.check(), Err(ImageError::Copies { group: 0, copies }));
+        }
+        let tier = RankImage {
+            groups: Vec::new(),
+            offload: vec![TierImage {
+                medium: "CPU".into(),
+                blocks: vec![(1, 0)],
+            }],
+        };
+        assert_eq!(tier.check(), Err(ImageError::TierCopies("CPU".into(), 0)));
+        let many = RankImage {
+            groups: (0..=MAX_GROUPS as u32).map(|g| group(g, 1)).collect(),
+            offload: Vec::new(),
+        };
+        assert_eq!(many.check(), Err(ImageError::TooManyGroups(MAX_GROUPS + 1)));
+    }
+}

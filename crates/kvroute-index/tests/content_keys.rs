@@ -173,3 +173,30 @@ fn a_salted_first_block_is_checked_with_the_tagged_salt() {
         "another tenant reuses nothing"
     );
 }
+
+#[test]
+fn a_content_key_rank_loaded_from_its_image_keeps_its_keys_and_their_engine_hashes() {
+    let idx = content_index();
+    let t = tokens(4, 100);
+    idx.apply(&dense_store("w", 16, None, &[31, 32], &t[..32]));
+    idx.apply(&dense_store("w", 16, Some(32), &[33, 34], &t[32..64]));
+    let image = idx.export_rank(&"w".into(), 0).expect("a known rank");
+    let loaded = content_index();
+    loaded
+        .import_rank(&"w".into(), 0, &image)
+        .expect("its own image loads");
+    let q = Query {
+        tokens: t.clone(),
+        ..Query::default()
+    };
+    assert_eq!(loaded.predict(&"w".into(), 0, &q).cached, 64);
+    assert_eq!(loaded.contents(), idx.contents());
+    // A continuation chained on a loaded block is placed, and a removal by engine hash finds
+    // its key: the engine-hash → key map came along.
+    loaded.apply(&dense_store("w", 16, Some(34), &[35], &t[64..80]));
+    assert_eq!(loaded.predict(&"w".into(), 0, &q).cached, 80);
+    let mut removed = Removed::device("w", 0, &[33]);
+    removed.group = None;
+    loaded.apply(&Event::Removed(removed));
+    assert_eq!(loaded.predict(&"w".into(), 0, &q).cached, 32);
+}

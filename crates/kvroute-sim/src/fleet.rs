@@ -97,6 +97,8 @@ pub struct FleetOptions {
     pub topic: String,
     pub format: WireFormat,
     pub replay_layout: ReplayLayout,
+    /// Batches each worker's replay endpoint keeps.
+    pub replay_buffer_steps: usize,
 }
 
 impl FleetOptions {
@@ -108,6 +110,7 @@ impl FleetOptions {
             topic: String::new(),
             format: WireFormat::V032,
             replay_layout: ReplayLayout::WithTopic,
+            replay_buffer_steps: 10_000,
         }
     }
 }
@@ -126,7 +129,7 @@ impl Fleet {
                 endpoint: "tcp://127.0.0.1:0".into(),
                 replay_endpoint: Some("tcp://127.0.0.1:0".into()),
                 topic: opts.topic.clone(),
-                buffer_steps: 10_000,
+                buffer_steps: opts.replay_buffer_steps,
                 format: opts.format,
                 replay_layout: opts.replay_layout,
                 dp_rank: 0,

@@ -225,6 +225,16 @@ struct ServeArgs {
     /// Attach the routing decision to every response.
     #[arg(long)]
     explain_always: bool,
+    /// Write the index here on shutdown and periodically, and load it at start (a warm
+    /// restart).
+    #[arg(long)]
+    snapshot_path: Option<PathBuf>,
+    /// Seconds between periodic snapshots (0: at shutdown only).
+    #[arg(long)]
+    snapshot_interval_secs: Option<f64>,
+    /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish, seconds.
+    #[arg(long)]
+    shutdown_timeout_secs: Option<f64>,
 }
 
 fn parse_worker(s: &str) -> Result<WorkerSpec> {
@@ -307,6 +317,15 @@ async fn serve(a: ServeArgs) -> Result<()> {
         cfg.weights.later_turns = l;
     }
     cfg.explain_always |= a.explain_always;
+    if a.snapshot_path.is_some() {
+        cfg.snapshot_path = a.snapshot_path.clone();
+    }
+    if let Some(v) = a.snapshot_interval_secs {
+        cfg.snapshot_interval_secs = v;
+    }
+    if let Some(v) = a.shutdown_timeout_secs {
+        cfg.shutdown_timeout_secs = v;
+    }
     for w in &a.workers {
         cfg.workers.push(parse_worker(w)?);
     }
@@ -315,9 +334,28 @@ async fn serve(a: ServeArgs) -> Result<()> {
         "kvroute listening on http://{} (admin http://{})",
         handle.addr, handle.admin_addr
     );
-    tokio::signal::ctrl_c().await?;
+    stop_signal().await?;
+    eprintln!("kvroute shutting down: finishing in-flight requests, writing the snapshot");
     handle.shutdown().await;
     Ok(())
+}
+
+/// Waits for Ctrl-C, or SIGTERM where there are Unix signals (what a process manager sends).
+async fn stop_signal() -> Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r?,
+            _ = term.recv() => {}
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await?;
+        Ok(())
+    }
 }
 
 async fn explain_remote(

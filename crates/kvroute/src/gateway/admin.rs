@@ -153,3 +153,21 @@ pub async fn explain(State(st): State<Arc<AppState>>, Json(b): Json<ExplainBody>
     );
     Json(json!({"predictions": predictions, "decision": ranked.decision})).into_response()
 }
+
+/// `GET /admin/snapshot`: what the start loaded, the last write, counts.
+pub async fn snapshot_status(State(st): State<Arc<AppState>>) -> Response {
+    let status = st.snapshot.lock().clone();
+    Json(status).into_response()
+}
+
+/// `POST /admin/snapshot`: writes a snapshot now (409 without `snapshot_path`).
+pub async fn snapshot_now(State(st): State<Arc<AppState>>) -> Response {
+    match st.write_snapshot().await {
+        None => error(
+            StatusCode::CONFLICT,
+            "no snapshot_path is configured (--snapshot-path FILE)",
+        ),
+        Some(Ok(w)) => Json(w).into_response(),
+        Some(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}

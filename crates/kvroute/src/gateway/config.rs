@@ -1,6 +1,7 @@
 //! Gateway configuration: the TOML file and the worker specs, in vLLM's own vocabulary.
 //!
-//! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token) and
+//! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token, snapshot and
+//! shutdown settings) and
 //! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
 //! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
 //! `PYTHONHASHSEED`, the engine generation, `--speculative-config`'s fields and the LoRA
@@ -464,8 +465,25 @@ pub struct GatewayConfig {
     /// ≈ 4 bytes per token plus ≈ 110 bytes per hash block, reserved on first use.
     #[serde(default = "default_digest_cache")]
     pub digest_cache_tokens: usize,
+    /// Where the index is written on shutdown and every `snapshot_interval_secs`, and loaded
+    /// from at start (a warm restart; see docs/operations.md). None: no snapshots.
+    #[serde(default)]
+    pub snapshot_path: Option<PathBuf>,
+    /// Seconds between periodic snapshots (0: only at shutdown).
+    #[serde(default = "default_snapshot_interval")]
+    pub snapshot_interval_secs: f64,
+    /// On shutdown: how long in-flight requests may take to finish, seconds.
+    #[serde(default = "default_shutdown_timeout")]
+    pub shutdown_timeout_secs: f64,
     #[serde(default)]
     pub workers: Vec<WorkerSpec>,
+}
+
+fn default_snapshot_interval() -> f64 {
+    60.0
+}
+fn default_shutdown_timeout() -> f64 {
+    30.0
 }
 
 fn default_listen() -> SocketAddr {
@@ -505,6 +523,9 @@ impl Default for GatewayConfig {
             load_poll_timeout_secs: default_load_poll(),
             request_timeout_secs: default_timeout(),
             digest_cache_tokens: default_digest_cache(),
+            snapshot_path: None,
+            snapshot_interval_secs: default_snapshot_interval(),
+            shutdown_timeout_secs: default_shutdown_timeout(),
             workers: Vec::new(),
         }
     }
@@ -528,6 +549,19 @@ impl GatewayConfig {
             if !(v.is_finite() && (0.01..=60.0).contains(&v)) {
                 return Err(format!("{name} must be between 0.01 and 60 seconds"));
             }
+        }
+        if !(self.snapshot_interval_secs.is_finite()
+            && (self.snapshot_interval_secs == 0.0
+                || (0.05..=86_400.0).contains(&self.snapshot_interval_secs)))
+        {
+            return Err(
+                "snapshot_interval_secs must be 0 (at shutdown only) or 0.05..=86400".into(),
+            );
+        }
+        if !(self.shutdown_timeout_secs.is_finite()
+            && (0.0..=3_600.0).contains(&self.shutdown_timeout_secs))
+        {
+            return Err("shutdown_timeout_secs must be between 0 and 3600".into());
         }
         if !(self.weights.lambda.is_finite() && self.weights.lambda >= 0.0) {
             return Err("weights.lambda must be a finite number ≥ 0".into());

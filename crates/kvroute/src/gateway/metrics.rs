@@ -3,7 +3,7 @@
 //! Owns: the registry and every metric the gateway publishes: requests and decisions by policy
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
 //! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
-//! given up), decision and proxy latency, plus, rendered at scrape time, the index's counters and size and
+//! given up), decision and proxy latency, snapshot writes and loads, plus, rendered at scrape time, the index's counters and size and
 //! the wire intake's counters.
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update.
@@ -38,6 +38,12 @@ pub struct Metrics {
     /// Workers ejected after failed requests in a row.
     pub ejections: IntCounterVec,
     pub expected_follow_ups: Gauge,
+    /// Snapshots written (`ok`, `failed`), loads at start (`loaded`, `absent`, `refused`), and
+    /// the last write's duration and size.
+    pub snapshot_writes: IntCounterVec,
+    pub snapshot_loads: IntCounterVec,
+    pub snapshot_seconds: Gauge,
+    pub snapshot_bytes: Gauge,
     index_counters: IntGaugeVec,
     index_size: IntGaugeVec,
     wire: IntGaugeVec,
@@ -166,6 +172,32 @@ impl Metrics {
         ));
         must(registry.register(Box::new(ejections.clone())));
         must(registry.register(Box::new(expected_follow_ups.clone())));
+        let snapshot_writes = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_snapshot_writes_total",
+                "Index snapshots written, by result (ok, failed)",
+            ),
+            &["result"],
+        ));
+        let snapshot_loads = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_snapshot_loads_total",
+                "Snapshots met at start, by result (loaded, absent, refused)",
+            ),
+            &["result"],
+        ));
+        let snapshot_seconds = must(Gauge::new(
+            "kvroute_snapshot_write_seconds",
+            "Duration of the last snapshot write, seconds",
+        ));
+        let snapshot_bytes = must(Gauge::new(
+            "kvroute_snapshot_bytes",
+            "Size of the last snapshot written, bytes",
+        ));
+        must(registry.register(Box::new(snapshot_writes.clone())));
+        must(registry.register(Box::new(snapshot_loads.clone())));
+        must(registry.register(Box::new(snapshot_seconds.clone())));
+        must(registry.register(Box::new(snapshot_bytes.clone())));
         let index_counters = must(IntGaugeVec::new(
             Opts::new("kvroute_index_events", "Index counters (monotonic)"),
             &["counter"],
@@ -218,6 +250,10 @@ impl Metrics {
             follow_ups,
             ejections,
             expected_follow_ups,
+            snapshot_writes,
+            snapshot_loads,
+            snapshot_seconds,
+            snapshot_bytes,
             index_counters,
             index_size,
             wire,

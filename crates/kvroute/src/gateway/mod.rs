@@ -1,7 +1,8 @@
 //! The gateway: an OpenAI-compatible router in front of a fleet of engines.
 //!
 //! Owns: the shared state (`AppState`), the two listeners (front and admin), and starting and
-//! stopping everything (`Gateway::start`, `GatewayHandle::shutdown`).
+//! stopping everything (`Gateway::start`: a snapshot loaded before the workers are added;
+//! `GatewayHandle::shutdown`: graceful, the snapshot written after the last request).
 //! Invariants: the admin API listens on its own address; the front never exposes admin routes.
 //! Must not: block the runtime (all upstream I/O is async).
 
@@ -10,12 +11,14 @@ pub mod config;
 pub mod decide;
 pub mod engine_load;
 pub mod health;
+pub mod intake;
 pub mod metrics;
 pub mod pending;
 pub mod policy;
 pub mod proxy;
 pub mod registry;
 pub mod sessions;
+pub mod snapshot;
 pub mod tokenize;
 pub mod ttft;
 
@@ -26,6 +29,7 @@ use kvroute_index::Index;
 use parking_lot::RwLock;
 use policy::PolicyKind;
 use registry::Registry;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -41,11 +45,44 @@ pub struct AppState {
     pub client: reqwest::Client,
     pub policy: RwLock<PolicyKind>,
     pub rr: AtomicU64,
+    /// What the start loaded and the last snapshot written.
+    pub snapshot: parking_lot::Mutex<snapshot::Status>,
 }
 
 impl AppState {
     pub fn policy(&self) -> PolicyKind {
         *self.policy.read()
+    }
+
+    /// Writes a snapshot now (when a path is configured), recording the outcome.
+    pub async fn write_snapshot(&self) -> Option<Result<snapshot::Written, String>> {
+        let path = self.config.snapshot_path.clone()?;
+        let res = snapshot::write_registry(self.registry.clone(), path.clone()).await;
+        let mut st = self.snapshot.lock();
+        Some(match res {
+            Ok(w) => {
+                st.writes += 1;
+                st.last_write = Some(w.clone());
+                self.metrics
+                    .snapshot_writes
+                    .with_label_values(&["ok"])
+                    .inc();
+                self.metrics.snapshot_seconds.set(w.seconds);
+                self.metrics.snapshot_bytes.set(w.bytes as f64);
+                tracing::debug!(path = %path.display(), bytes = w.bytes, ranks = w.ranks, skipped = w.ranks_skipped, seconds = w.seconds, "snapshot written");
+                Ok(w)
+            }
+            Err(e) => {
+                st.failures += 1;
+                st.last_error = Some(e.to_string());
+                self.metrics
+                    .snapshot_writes
+                    .with_label_values(&["failed"])
+                    .inc();
+                tracing::warn!(path = %path.display(), error = %e, "snapshot not written");
+                Err(e.to_string())
+            }
+        })
     }
 }
 
@@ -54,14 +91,38 @@ pub struct GatewayHandle {
     pub admin_addr: SocketAddr,
     pub state: Arc<AppState>,
     stop: watch::Sender<bool>,
+    /// The two listeners' servers.
+    servers: Vec<JoinHandle<()>>,
+    /// Health checks, load polls, periodic snapshots.
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl GatewayHandle {
+    /// A graceful shutdown: stops accepting connections, lets in-flight requests finish (at most
+    /// `shutdown_timeout_secs`; streams still open then are cut), writes the snapshot, then
+    /// stops every subscription.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        let grace = Duration::from_secs_f64(self.state.config.shutdown_timeout_secs.max(0.0));
+        let deadline = tokio::time::Instant::now() + grace;
+        for mut t in self.servers {
+            if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+                tracing::warn!(
+                    timeout_secs = grace.as_secs_f64(),
+                    "in-flight requests outlived the shutdown timeout: cut"
+                );
+                t.abort();
+            }
+        }
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        if let Some(Ok(w)) = self.state.write_snapshot().await {
+            tracing::info!(
+                bytes = w.bytes,
+                ranks = w.ranks,
+                "snapshot written at shutdown"
+            );
         }
         for w in self.state.registry.all() {
             let _ = self.state.registry.remove(&w.spec.name).await;
@@ -75,6 +136,8 @@ pub fn front_router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(proxy::chat))
         .route("/v1/models", get(proxy::models))
         .route("/health", get(proxy::health))
+        .route("/health/live", get(health::live))
+        .route("/health/ready", get(health::ready))
         .route("/metrics", get(proxy::metrics))
         .with_state(state)
 }
@@ -86,6 +149,10 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/admin/workers/{name}/drain", post(admin::drain))
         .route("/admin/policy", put(admin::set_policy))
         .route("/admin/explain", post(admin::explain))
+        .route(
+            "/admin/snapshot",
+            get(admin::snapshot_status).post(admin::snapshot_now),
+        )
         .route("/metrics", get(proxy::metrics))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -117,11 +184,27 @@ impl Gateway {
             client: client.clone(),
             policy: RwLock::new(config.policy),
             rr: AtomicU64::new(0),
+            snapshot: parking_lot::Mutex::new(snapshot::Status {
+                path: config.snapshot_path.clone(),
+                ..snapshot::Status::default()
+            }),
             config: config.clone(),
         });
+        let mut resume = BTreeMap::new();
+        if let Some(path) = &config.snapshot_path {
+            let (r, report) = snapshot::load_for(path.clone(), config.workers.clone()).await;
+            state
+                .metrics
+                .snapshot_loads
+                .with_label_values(&[report.result])
+                .inc();
+            state.snapshot.lock().load = Some(report);
+            resume = r;
+        }
         for w in &config.workers {
+            let ranks = resume.remove(&w.name).unwrap_or_default();
             registry
-                .add(w.clone())
+                .add_resumed(w.clone(), ranks)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
         }
         let front = tokio::net::TcpListener::bind(config.listen).await?;
@@ -129,13 +212,14 @@ impl Gateway {
         let addr = front.local_addr()?;
         let admin_addr = admin.local_addr()?;
         let (stop, stop_rx) = watch::channel(false);
+        let mut servers = Vec::new();
         let mut tasks = Vec::new();
         for (listener, router) in [
             (front, front_router(state.clone())),
             (admin, admin_router(state.clone())),
         ] {
             let mut rx = stop_rx.clone();
-            tasks.push(tokio::spawn(async move {
+            servers.push(tokio::spawn(async move {
                 let _ = axum::serve(listener, router)
                     .with_graceful_shutdown(async move {
                         let _ = rx.changed().await;
@@ -150,6 +234,13 @@ impl Gateway {
             interval,
             stop_rx.clone(),
         )));
+        if config.snapshot_path.is_some() && config.snapshot_interval_secs > 0.0 {
+            tasks.push(tokio::spawn(periodic_snapshots(
+                state.clone(),
+                Duration::from_secs_f64(config.snapshot_interval_secs),
+                stop_rx.clone(),
+            )));
+        }
         let poll = Duration::from_secs_f64(config.load_poll_interval_secs.clamp(0.01, 60.0));
         let poll_timeout = Duration::from_secs_f64(config.load_poll_timeout_secs.clamp(0.01, 60.0));
         tasks.push(tokio::spawn(engine_load::run(
@@ -165,7 +256,26 @@ impl Gateway {
             admin_addr,
             state,
             stop,
+            servers,
             tasks,
         })
+    }
+}
+
+/// Writes a snapshot every `every` until stopped (the shutdown writes the last one).
+async fn periodic_snapshots(
+    state: Arc<AppState>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                state.write_snapshot().await;
+            }
+            _ = stop.changed() => return,
+        }
     }
 }

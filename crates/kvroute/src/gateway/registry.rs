@@ -14,12 +14,13 @@
 
 use super::config::WorkerSpec;
 use super::engine_load::EngineLoad;
+use super::intake::RankSink;
 use super::pending::{Pending, Prompt};
 use super::sessions::FollowUps;
 use super::ttft::TtftModel;
-use kvroute_index::{Engine, Event, Index, WorkerId};
+use kvroute_index::{Engine, Index, RankImage, WorkerId};
 use kvroute_wire::{
-    spawn_subscription, Dialect, EventSink, RankHealth, SubscriptionConfig, SubscriptionHandle,
+    spawn_subscription, Dialect, EventSink, StreamPosition, SubscriptionConfig, SubscriptionHandle,
     WireStats,
 };
 use parking_lot::{Mutex, RwLock};
@@ -28,21 +29,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Applies a subscription's events to the index and tracks rank health.
-pub struct IndexSink {
-    pub index: Arc<Index>,
-}
-
-impl EventSink for IndexSink {
-    fn apply(&self, events: &[Event]) {
-        self.index.apply_all(events);
-    }
-    fn rank_health(&self, worker: &WorkerId, dp_rank: u32, health: RankHealth) {
-        self.index
-            .set_degraded(worker, dp_rank, !matches!(health, RankHealth::Healthy));
-    }
-}
 
 /// Worker-side request failures in a row that eject a worker.
 pub const EJECT_AFTER: u32 = 3;
@@ -66,6 +52,8 @@ pub struct Worker {
     pub request_failures: AtomicU32,
     pub next_check: Mutex<Instant>,
     pub subscriptions: Mutex<Vec<SubscriptionHandle>>,
+    /// One event intake per DP rank (what a snapshot captures and readiness waits for).
+    pub sinks: Mutex<Vec<Arc<RankSink>>>,
     /// Which engine generation predicts this worker, and why.
     pub engine: Mutex<EngineInfo>,
     /// Prompts in flight on this worker (what it is about to cache).
@@ -162,6 +150,7 @@ impl Worker {
             request_failures: AtomicU32::new(0),
             next_check: Mutex::new(Instant::now()),
             subscriptions: Mutex::new(Vec::new()),
+            sinks: Mutex::new(Vec::new()),
             pending: Pending::default(),
             ttft: TtftModel::default(),
         }
@@ -418,6 +407,17 @@ impl Registry {
 
     /// Adds a worker and (inside a tokio runtime) starts its event subscriptions.
     pub fn add(&self, spec: WorkerSpec) -> Result<Arc<Worker>, RegistryError> {
+        self.add_resumed(spec, BTreeMap::new())
+    }
+
+    /// Adds a worker whose ranks in `resume` are loaded from a snapshot: each rank's image is
+    /// loaded into the index and its subscription resumes from the position the image
+    /// reflects (an image the index refuses leaves its rank to start empty).
+    pub fn add_resumed(
+        &self,
+        spec: WorkerSpec,
+        mut resume: BTreeMap<u32, (StreamPosition, RankImage)>,
+    ) -> Result<Arc<Worker>, RegistryError> {
         spec.validate().map_err(RegistryError::Invalid)?;
         let config = spec.index_config().map_err(RegistryError::Invalid)?;
         let worker = Arc::new(Worker::new(spec));
@@ -431,17 +431,32 @@ impl Registry {
         self.index.configure_worker(&worker.id, config);
         if let Some(kv) = &worker.spec.kv_events {
             let dialect = Dialect::parse(&kv.dialect).unwrap_or_default();
-            let sink: Arc<dyn EventSink> = Arc::new(IndexSink {
-                index: self.index.clone(),
-            });
             let host = worker.spec.event_host();
             let mut subs = worker.subscriptions.lock();
             for rank in 0..worker.spec.dp_size {
+                let position = resume.remove(&rank).and_then(|(at, image)| {
+                    match self.index.import_rank(&worker.id, rank, &image) {
+                        Ok(()) => Some(at),
+                        Err(e) => {
+                            tracing::warn!(worker = %worker.spec.name, dp_rank = rank, error = %e, "snapshot image refused: the rank starts empty");
+                            None
+                        }
+                    }
+                });
+                let sink = Arc::new(RankSink::new(
+                    self.index.clone(),
+                    worker.id.clone(),
+                    rank,
+                    position,
+                ));
+                worker.sinks.lock().push(sink.clone());
                 let mut cfg = SubscriptionConfig::new(worker.id.clone(), rank, &kv.endpoint, &host);
                 cfg.replay_endpoint = kv.replay_endpoint.clone();
                 cfg.topic = kv.topic.clone();
                 cfg.dialect = dialect;
-                match spawn_subscription(cfg, sink.clone(), self.wire_stats.clone()) {
+                cfg.resume = position;
+                let sink: Arc<dyn EventSink> = sink;
+                match spawn_subscription(cfg, sink, self.wire_stats.clone()) {
                     Ok(h) => subs.push(h),
                     Err(e) => {
                         drop(subs);
