@@ -465,6 +465,19 @@ pub struct GatewayConfig {
     /// ≈ 4 bytes per token plus ≈ 110 bytes per hash block, reserved on first use.
     #[serde(default = "default_digest_cache")]
     pub digest_cache_tokens: usize,
+    /// Seconds a client may take to send a request's head (slow or silent connections, and
+    /// idle kept-alive ones, are closed after it).
+    #[serde(default = "default_client_timeout")]
+    pub header_timeout_secs: f64,
+    /// Seconds a client may take to send a request's body (then 408).
+    #[serde(default = "default_client_timeout")]
+    pub body_timeout_secs: f64,
+    /// Connections open at once per listener (beyond it new ones are closed at accept).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Bytes of a request's head (request line and headers; beyond it: 431).
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
     /// Where the index is written on shutdown and every `snapshot_interval_secs`, and loaded
     /// from at start (a warm restart; see docs/operations.md). None: no snapshots.
     #[serde(default)]
@@ -479,6 +492,15 @@ pub struct GatewayConfig {
     pub workers: Vec<WorkerSpec>,
 }
 
+fn default_client_timeout() -> f64 {
+    30.0
+}
+fn default_max_connections() -> usize {
+    10_000
+}
+fn default_max_header_bytes() -> usize {
+    64 * 1024
+}
 fn default_snapshot_interval() -> f64 {
     60.0
 }
@@ -523,6 +545,10 @@ impl Default for GatewayConfig {
             load_poll_timeout_secs: default_load_poll(),
             request_timeout_secs: default_timeout(),
             digest_cache_tokens: default_digest_cache(),
+            header_timeout_secs: default_client_timeout(),
+            body_timeout_secs: default_client_timeout(),
+            max_connections: default_max_connections(),
+            max_header_bytes: default_max_header_bytes(),
             snapshot_path: None,
             snapshot_interval_secs: default_snapshot_interval(),
             shutdown_timeout_secs: default_shutdown_timeout(),
@@ -549,6 +575,20 @@ impl GatewayConfig {
             if !(v.is_finite() && (0.01..=60.0).contains(&v)) {
                 return Err(format!("{name} must be between 0.01 and 60 seconds"));
             }
+        }
+        for (name, v) in [
+            ("header_timeout_secs", self.header_timeout_secs),
+            ("body_timeout_secs", self.body_timeout_secs),
+        ] {
+            if !(v.is_finite() && (0.01..=3_600.0).contains(&v)) {
+                return Err(format!("{name} must be between 0.01 and 3600 seconds"));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err("max_connections must be at least 1".into());
+        }
+        if !(8192..=16 * 1024 * 1024).contains(&self.max_header_bytes) {
+            return Err("max_header_bytes must be between 8192 and 16777216".into());
         }
         if !(self.snapshot_interval_secs.is_finite()
             && (self.snapshot_interval_secs == 0.0

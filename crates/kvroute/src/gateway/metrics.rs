@@ -3,7 +3,7 @@
 //! Owns: the registry and every metric the gateway publishes: requests and decisions by policy
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
 //! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
-//! given up), decision and proxy latency, snapshot writes and loads, plus, rendered at scrape time, the index's counters and size and
+//! given up), decision and proxy latency, snapshot writes and loads, connections per listener, plus, rendered at scrape time, the index's counters and size and
 //! the wire intake's counters.
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update.
@@ -44,6 +44,9 @@ pub struct Metrics {
     pub snapshot_loads: IntCounterVec,
     pub snapshot_seconds: Gauge,
     pub snapshot_bytes: Gauge,
+    connections_open: IntGaugeVec,
+    connections_refused: IntCounterVec,
+    accept_errors: IntCounterVec,
     index_counters: IntGaugeVec,
     index_size: IntGaugeVec,
     wire: IntGaugeVec,
@@ -198,6 +201,30 @@ impl Metrics {
         must(registry.register(Box::new(snapshot_loads.clone())));
         must(registry.register(Box::new(snapshot_seconds.clone())));
         must(registry.register(Box::new(snapshot_bytes.clone())));
+        let connections_open = must(IntGaugeVec::new(
+            Opts::new(
+                "kvroute_connections_open",
+                "Client connections open, by listener",
+            ),
+            &["listener"],
+        ));
+        let connections_refused = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_connections_refused_total",
+                "Connections closed at accept because max_connections were open, by listener",
+            ),
+            &["listener"],
+        ));
+        let accept_errors = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_connections_accept_errors_total",
+                "Failed accepts (e.g. out of file descriptors), by listener",
+            ),
+            &["listener"],
+        ));
+        must(registry.register(Box::new(connections_open.clone())));
+        must(registry.register(Box::new(connections_refused.clone())));
+        must(registry.register(Box::new(accept_errors.clone())));
         let index_counters = must(IntGaugeVec::new(
             Opts::new("kvroute_index_events", "Index counters (monotonic)"),
             &["counter"],
@@ -254,9 +281,21 @@ impl Metrics {
             snapshot_loads,
             snapshot_seconds,
             snapshot_bytes,
+            connections_open,
+            connections_refused,
+            accept_errors,
             index_counters,
             index_size,
             wire,
+        }
+    }
+
+    /// The connection counters of one listener (`front`, `admin`).
+    pub fn listener(&self, name: &str) -> super::listen::Counts {
+        super::listen::Counts {
+            open: self.connections_open.with_label_values(&[name]),
+            refused: self.connections_refused.with_label_values(&[name]),
+            accept_errors: self.accept_errors.with_label_values(&[name]),
         }
     }
 

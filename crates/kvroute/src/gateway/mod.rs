@@ -12,11 +12,13 @@ pub mod decide;
 pub mod engine_load;
 pub mod health;
 pub mod intake;
+pub mod listen;
 pub mod metrics;
 pub mod pending;
 pub mod policy;
 pub mod proxy;
 pub mod registry;
+pub mod request;
 pub mod sessions;
 pub mod snapshot;
 pub mod tokenize;
@@ -214,18 +216,23 @@ impl Gateway {
         let (stop, stop_rx) = watch::channel(false);
         let mut servers = Vec::new();
         let mut tasks = Vec::new();
-        for (listener, router) in [
-            (front, front_router(state.clone())),
-            (admin, admin_router(state.clone())),
+        let limits = listen::Limits {
+            header_timeout: Duration::from_secs_f64(config.header_timeout_secs),
+            max_connections: config.max_connections,
+            max_header_bytes: config.max_header_bytes,
+        };
+        for (name, listener, router) in [
+            ("front", front, front_router(state.clone())),
+            ("admin", admin, admin_router(state.clone())),
         ] {
-            let mut rx = stop_rx.clone();
-            servers.push(tokio::spawn(async move {
-                let _ = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.changed().await;
-                    })
-                    .await;
-            }));
+            let counts = state.metrics.listener(name);
+            servers.push(tokio::spawn(listen::serve(
+                listener,
+                router,
+                limits.clone(),
+                counts,
+                stop_rx.clone(),
+            )));
         }
         let interval = Duration::from_secs_f64(config.health_interval_secs.max(0.05));
         tasks.push(tokio::spawn(health::run(

@@ -12,7 +12,8 @@
 use super::decide::{candidates_for, decide_with, Decision};
 use super::pending::Prompt;
 use super::registry::{LoadGuard, Registry, Worker};
-use super::tokenize::{prompt_input, PromptInput, TokenizeError};
+use super::request;
+use super::tokenize::{PromptInput, TokenizeError};
 use super::ttft::Work;
 use super::AppState;
 use axum::body::{Body, Bytes};
@@ -28,15 +29,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    error_on(status, message, None)
+}
+
+/// A refused request's OpenAI error, naming its field.
+pub fn invalid(e: request::Invalid) -> Response {
+    error_on(e.status, e.message, e.param)
+}
+
+/// An OpenAI error body (`message`, `type`, `param`, `code`) with `status`.
+pub fn error_on(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Response {
     let kind = match status.as_u16() {
         400 => "BadRequestError",
+        401 => "AuthenticationError",
         404 => "NotFoundError",
+        408 => "RequestTimeoutError",
         413 => "RequestTooLargeError",
+        429 => "RateLimitError",
         502 => "BadGatewayError",
         503 => "ServiceUnavailableError",
         _ => "InternalServerError",
     };
-    let mut r = (status, Json(json!({"error": {"message": message.into(), "type": kind, "param": null, "code": status.as_u16()}}))).into_response();
+    let mut r = (status, Json(json!({"error": {"message": message.into(), "type": kind, "param": param, "code": status.as_u16()}}))).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut()
             .insert("retry-after", HeaderValue::from_static("1"));
@@ -87,48 +101,55 @@ async fn handle(st: Arc<AppState>, headers: HeaderMap, body: Body, ep: Endpoint)
     r
 }
 
-async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint) -> Response {
-    let raw = match axum::body::to_bytes(body, st.config.max_body_bytes).await {
-        Ok(b) => b,
-        Err(_) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "request body larger than {} bytes",
-                    st.config.max_body_bytes
-                ),
-            )
+/// The body, bounded in size (413) and in the time the client takes to send it (408); a body
+/// that ends early (the client went away) is 400.
+async fn read_body(st: &AppState, body: Body) -> Result<Bytes, Response> {
+    let limit = st.config.max_body_bytes;
+    let wait = Duration::from_secs_f64(st.config.body_timeout_secs);
+    match tokio::time::timeout(wait, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            Err(if too_large {
+                error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("request body larger than {limit} bytes"),
+                )
+            } else {
+                error(
+                    StatusCode::BAD_REQUEST,
+                    format!("the request body could not be read: {e}"),
+                )
+            })
         }
-    };
-    let req: Value = match serde_json::from_slice(&raw) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return error(StatusCode::BAD_REQUEST, "the body must be a JSON object"),
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")),
-    };
-    let models = st.registry.models();
-    let model = match req.get("model") {
-        Some(Value::String(m)) => m.clone(),
-        None if models.len() == 1 => models[0].clone(),
-        None => return error(StatusCode::BAD_REQUEST, "`model` is required"),
-        Some(_) => return error(StatusCode::BAD_REQUEST, "`model` must be a string"),
-    };
-    if !models.contains(&model) {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("the model `{model}` does not exist"),
-        );
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s",
+                wait.as_secs_f64()
+            ),
+        )),
     }
-    let input = match prompt_input(&req, ep == Endpoint::Chat) {
-        Ok(i) => i,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+}
+
+async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint) -> Response {
+    let raw = match read_body(st, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
-    let salt = match req.get("cache_salt") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return error(StatusCode::BAD_REQUEST, "`cache_salt` must be a string"),
+    let parsed = match request::parse(&raw, ep == Endpoint::Chat, &st.registry.models()) {
+        Ok(p) => p,
+        Err(e) => return invalid(e),
     };
-    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let skip = req.get("prompt_logprobs").is_some_and(|v| !v.is_null());
+    let request::Parsed {
+        model,
+        input,
+        salt,
+        stream,
+        skip_prefix_cache: skip,
+        ..
+    } = parsed;
     let mut workers = candidates_for(&st.registry, &model);
     // An adapter request is hashed with the adapter's key, on the workers serving it.
     let lora = Registry::adapter_key(&model, &mut workers);
