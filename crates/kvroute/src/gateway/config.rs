@@ -1,6 +1,7 @@
 //! Gateway configuration: the TOML file and the worker specs, in vLLM's own vocabulary.
 //!
-//! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token) and
+//! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token, the
+//! front door's tenants ([`super::tenants::TenantSpec`], validated there)) and
 //! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
 //! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
 //! `PYTHONHASHSEED`, the engine generation, `--speculative-config`'s fields and the LoRA
@@ -9,6 +10,7 @@
 //! Must not: start anything.
 
 use super::policy::PolicyKind;
+use super::tenants::{self, TenantSpec};
 use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -466,6 +468,9 @@ pub struct GatewayConfig {
     pub digest_cache_tokens: usize,
     #[serde(default)]
     pub workers: Vec<WorkerSpec>,
+    /// Client API keys and per-tenant limits; none: the front door is open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantSpec>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -506,6 +511,7 @@ impl Default for GatewayConfig {
             request_timeout_secs: default_timeout(),
             digest_cache_tokens: default_digest_cache(),
             workers: Vec::new(),
+            tenants: Vec::new(),
         }
     }
 }
@@ -539,6 +545,7 @@ impl GatewayConfig {
                 return Err(format!("worker {} is listed twice", w.name));
             }
         }
+        tenants::validate(&self.tenants).map_err(|e| e.to_string())?;
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ pub mod policy;
 pub mod proxy;
 pub mod registry;
 pub mod sessions;
+pub mod tenants;
 pub mod tokenize;
 pub mod ttft;
 
@@ -41,6 +42,8 @@ pub struct AppState {
     pub client: reqwest::Client,
     pub policy: RwLock<PolicyKind>,
     pub rr: AtomicU64,
+    /// The front door: API keys → tenants and their limits (replaceable at runtime).
+    pub tenants: tenants::Tenants,
 }
 
 impl AppState {
@@ -85,6 +88,7 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/admin/workers/{name}", delete(admin::remove))
         .route("/admin/workers/{name}/drain", post(admin::drain))
         .route("/admin/policy", put(admin::set_policy))
+        .route("/admin/tenants", get(admin::tenants))
         .route("/admin/explain", post(admin::explain))
         .route("/metrics", get(proxy::metrics))
         .layer(axum::middleware::from_fn_with_state(
@@ -110,9 +114,12 @@ impl Gateway {
             .connect_timeout(Duration::from_secs(3))
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;
+        let metrics = metrics::Metrics::new();
+        let tenants = tenants::Tenants::new(&config.tenants, metrics.tenants.clone())?;
         let state = Arc::new(AppState {
             registry: registry.clone(),
-            metrics: metrics::Metrics::new(),
+            metrics,
+            tenants,
             tokenizers: tokenize::Tokenizers::default(),
             client: client.clone(),
             policy: RwLock::new(config.policy),
