@@ -5,10 +5,10 @@
 //! large, 503 + `Retry-After` when no worker is healthy, 502 when the chosen worker fails and no
 //! retry is possible), the front door's checks ([`super::tenants`]: 401 before anything else,
 //! 429 for concurrency and rate before the body is read, for tokens once the prompt is
-//! tokenized; the admission held until the response body is dropped), tokenization, the decision, forwarding (SSE passed through chunk by
-//! chunk, never buffered whole), one retry on the next-best worker when the upstream failed
-//! before any byte reached the client, load accounting, and recording the engine-reported
-//! cached tokens against the prediction.
+//! tokenized; the admission held until the response body is dropped), tokenization, the
+//! decision, forwarding (SSE passed through chunk by chunk, never buffered whole), one retry on
+//! the next-best worker when the upstream failed before any byte reached the client, load
+//! accounting, and recording the engine-reported cached tokens against the prediction.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
 use super::decide::{candidates_for, decide_with, Decision};

@@ -278,7 +278,11 @@ mod tests {
             arrivals in proptest::collection::vec((0u64..3_000, 0u64..14), 1..120),
         ) {
             let mut fast = Bucket::new(interval, capacity);
-            let mut reference = ReferenceBucket { interval_ns: interval, capacity, admitted: vec![] };
+            let mut reference = ReferenceBucket {
+                interval_ns: interval,
+                capacity,
+                admitted: vec![],
+            };
             let mut now = 0;
             for (gap, cost) in arrivals {
                 now += gap;

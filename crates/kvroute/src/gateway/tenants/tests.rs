@@ -336,9 +336,17 @@ proptest! {
             s.burst = Some(burst);
             s.tokens_per_minute = Some(tpm);
         })]);
-        let mut rate = ReferenceBucket { interval_ns: 2 * SEC, capacity: burst as u64, admitted: vec![] };
+        let mut rate = ReferenceBucket {
+            interval_ns: 2 * SEC,
+            capacity: burst as u64,
+            admitted: vec![],
+        };
         let tok_interval = (60.0 * SEC as f64 / tpm as f64).round() as u64;
-        let mut tokens = ReferenceBucket { interval_ns: tok_interval, capacity: tpm, admitted: vec![] };
+        let mut tokens = ReferenceBucket {
+            interval_ns: tok_interval,
+            capacity: tpm,
+            admitted: vec![],
+        };
         let h = bearer("k");
         for (gap, cost) in arrivals {
             clock.advance_ns(gap);
