@@ -1,4 +1,5 @@
-//! The admin API: list, add, remove and drain workers; switch the policy; explain a request.
+//! The admin API: list, add, remove and drain workers; switch the policy; explain a request;
+//! list the tenants (names, limits and requests in flight; never their keys).
 //!
 //! Owns: `/admin/*` on the admin listener (loopback unless configured), behind a bearer token
 //! when one is configured. Adding a worker starts its event subscriptions; removing it drops
@@ -95,6 +96,11 @@ pub async fn drain(
         Ok(()) => Json(json!({"worker": name, "draining": drain})).into_response(),
         Err(e) => registry_error(e),
     }
+}
+
+/// The front door's tenants: names, limits, key counts, requests in flight.
+pub async fn tenants(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({"tenants": st.tenants.view()})).into_response()
 }
 
 #[derive(Deserialize)]

@@ -1,7 +1,8 @@
 //! Gateway configuration: the TOML file and the worker specs, in vLLM's own vocabulary.
 //!
 //! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token, snapshot and
-//! shutdown settings) and
+//! shutdown settings, the front door's tenants ([`super::tenants::TenantSpec`], validated
+//! there)) and
 //! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
 //! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
 //! `PYTHONHASHSEED`, the engine generation, `--speculative-config`'s fields and the LoRA
@@ -10,6 +11,7 @@
 //! Must not: start anything.
 
 use super::policy::PolicyKind;
+use super::tenants::{self, TenantSpec};
 use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -490,6 +492,9 @@ pub struct GatewayConfig {
     pub shutdown_timeout_secs: f64,
     #[serde(default)]
     pub workers: Vec<WorkerSpec>,
+    /// Client API keys and per-tenant limits; none: the front door is open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantSpec>,
 }
 
 fn default_client_timeout() -> f64 {
@@ -553,6 +558,7 @@ impl Default for GatewayConfig {
             snapshot_interval_secs: default_snapshot_interval(),
             shutdown_timeout_secs: default_shutdown_timeout(),
             workers: Vec::new(),
+            tenants: Vec::new(),
         }
     }
 }
@@ -613,6 +619,7 @@ impl GatewayConfig {
                 return Err(format!("worker {} is listed twice", w.name));
             }
         }
+        tenants::validate(&self.tenants).map_err(|e| e.to_string())?;
         Ok(())
     }
 }

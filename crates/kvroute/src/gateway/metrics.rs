@@ -3,8 +3,9 @@
 //! Owns: the registry and every metric the gateway publishes: requests and decisions by policy
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
 //! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
-//! given up), decision and proxy latency, snapshot writes and loads, connections per listener, plus, rendered at scrape time, the index's counters and size and
-//! the wire intake's counters.
+//! given up), decision and proxy latency, snapshot writes and loads, connections per listener,
+//! plus, rendered at scrape time, the index's counters and size and the wire intake's counters,
+//! and the front door's per-tenant figures (`TenantMetrics`).
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update.
 
@@ -47,9 +48,74 @@ pub struct Metrics {
     connections_open: IntGaugeVec,
     connections_refused: IntCounterVec,
     accept_errors: IntCounterVec,
+    /// The front door: admitted, rejected, tokens charged and in flight, per tenant.
+    pub tenants: TenantMetrics,
     index_counters: IntGaugeVec,
     index_size: IntGaugeVec,
     wire: IntGaugeVec,
+}
+
+/// The front door's figures per tenant (labelled by tenant name only, never a key).
+#[derive(Clone)]
+pub struct TenantMetrics {
+    /// Requests that passed every limit.
+    pub admitted: IntCounterVec,
+    /// Refused requests by `reason`: `unauthorized` (tenant `""`), `rate`, `tokens`,
+    /// `concurrency`.
+    pub rejections: IntCounterVec,
+    /// Tokens charged (prompt + max_tokens).
+    pub tokens: IntCounterVec,
+    pub in_flight: IntGaugeVec,
+}
+
+impl TenantMetrics {
+    /// The four families, not yet registered anywhere.
+    pub fn new() -> TenantMetrics {
+        TenantMetrics {
+            admitted: must(IntCounterVec::new(
+                Opts::new(
+                    "kvroute_tenant_requests_total",
+                    "Requests a tenant sent that passed every limit",
+                ),
+                &["tenant"],
+            )),
+            rejections: must(IntCounterVec::new(
+                Opts::new(
+                    "kvroute_tenant_rejections_total",
+                    "Requests refused at the front door, by tenant and reason \
+                     (unauthorized, rate, tokens, concurrency)",
+                ),
+                &["tenant", "reason"],
+            )),
+            tokens: must(IntCounterVec::new(
+                Opts::new(
+                    "kvroute_tenant_tokens_total",
+                    "Tokens charged to a tenant (prompt tokens + max_tokens)",
+                ),
+                &["tenant"],
+            )),
+            in_flight: must(IntGaugeVec::new(
+                Opts::new(
+                    "kvroute_tenant_in_flight",
+                    "A tenant's requests in flight (streamed ones until their body ends)",
+                ),
+                &["tenant"],
+            )),
+        }
+    }
+
+    fn register(&self, registry: &Registry) {
+        for c in [&self.admitted, &self.rejections, &self.tokens] {
+            must(registry.register(Box::new(c.clone())));
+        }
+        must(registry.register(Box::new(self.in_flight.clone())));
+    }
+}
+
+impl Default for TenantMetrics {
+    fn default() -> Self {
+        TenantMetrics::new()
+    }
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -260,6 +326,8 @@ impl Metrics {
         for g in [&index_counters, &index_size, &wire] {
             must(registry.register(Box::new(g.clone())));
         }
+        let tenants = TenantMetrics::new();
+        tenants.register(&registry);
         Metrics {
             registry,
             requests,
@@ -284,6 +352,7 @@ impl Metrics {
             connections_open,
             connections_refused,
             accept_errors,
+            tenants,
             index_counters,
             index_size,
             wire,

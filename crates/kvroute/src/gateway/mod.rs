@@ -21,6 +21,7 @@ pub mod registry;
 pub mod request;
 pub mod sessions;
 pub mod snapshot;
+pub mod tenants;
 pub mod tokenize;
 pub mod ttft;
 
@@ -49,6 +50,8 @@ pub struct AppState {
     pub rr: AtomicU64,
     /// What the start loaded and the last snapshot written.
     pub snapshot: parking_lot::Mutex<snapshot::Status>,
+    /// The front door: API keys → tenants and their limits (replaceable at runtime).
+    pub tenants: tenants::Tenants,
 }
 
 impl AppState {
@@ -150,6 +153,7 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/admin/workers/{name}", delete(admin::remove))
         .route("/admin/workers/{name}/drain", post(admin::drain))
         .route("/admin/policy", put(admin::set_policy))
+        .route("/admin/tenants", get(admin::tenants))
         .route("/admin/explain", post(admin::explain))
         .route(
             "/admin/snapshot",
@@ -179,9 +183,12 @@ impl Gateway {
             .connect_timeout(Duration::from_secs(3))
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;
+        let metrics = metrics::Metrics::new();
+        let tenants = tenants::Tenants::new(&config.tenants, metrics.tenants.clone())?;
         let state = Arc::new(AppState {
             registry: registry.clone(),
-            metrics: metrics::Metrics::new(),
+            metrics,
+            tenants,
             tokenizers: tokenize::Tokenizers::default(),
             client: client.clone(),
             policy: RwLock::new(config.policy),

@@ -3,20 +3,23 @@
 //!
 //! Owns: request validation and OpenAI-style errors (400 malformed, 404 unknown model, 413 too
 //! large, 503 + `Retry-After` when no worker is healthy, 502 when the chosen worker fails and no
-//! retry is possible), tokenization, the decision, forwarding (SSE passed through chunk by
-//! chunk, never buffered whole), one retry on the next-best worker when the upstream failed
-//! before any byte reached the client, load accounting, and recording the engine-reported
-//! cached tokens against the prediction.
+//! retry is possible), the front door's checks ([`super::tenants`]: 401 before anything else,
+//! 429 for concurrency and rate before the body is read, for tokens once the prompt is
+//! tokenized; the admission held until the response body is dropped), tokenization, the
+//! decision, forwarding (SSE passed through chunk by chunk, never buffered whole), one retry on
+//! the next-best worker when the upstream failed before any byte reached the client, load
+//! accounting, and recording the engine-reported cached tokens against the prediction.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
 use super::decide::{candidates_for, decide_with, Decision};
 use super::pending::Prompt;
 use super::registry::{LoadGuard, Registry, Worker};
 use super::request;
+use super::tenants::{completion_budget, Admission};
 use super::tokenize::{PromptInput, TokenizeError};
 use super::ttft::Work;
 use super::AppState;
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -92,13 +95,36 @@ pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bod
 }
 
 async fn handle(st: Arc<AppState>, headers: HeaderMap, body: Body, ep: Endpoint) -> Response {
-    let r = route(&st, &headers, body, ep).await;
+    let r = match st.tenants.admit(&headers) {
+        Err(rejected) => rejected.into_response(),
+        Ok(admission) => {
+            let r = route(&st, &headers, body, ep, admission.as_ref()).await;
+            held_until_body_ends(r, admission)
+        }
+    };
     let class = format!("{}xx", r.status().as_u16() / 100);
     st.metrics
         .requests
         .with_label_values(&[ep.label(), &class])
         .inc();
     r
+}
+
+/// Keeps the tenant's admission (its concurrency slot) alive as long as a streamed body; a
+/// buffered body is complete already, so the slot is released now.
+fn held_until_body_ends(r: Response, admission: Option<Admission>) -> Response {
+    let Some(admission) = admission else {
+        return r;
+    };
+    if r.body().size_hint().exact().is_some() {
+        return r;
+    }
+    let (parts, body) = r.into_parts();
+    let stream = body.into_data_stream().map(move |chunk| {
+        let _held: &Admission = &admission;
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
 }
 
 /// The body, bounded in size (413) and in the time the client takes to send it (408); a body
@@ -133,7 +159,13 @@ async fn read_body(st: &AppState, body: Body) -> Result<Bytes, Response> {
     }
 }
 
-async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint) -> Response {
+async fn route(
+    st: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Body,
+    ep: Endpoint,
+    admission: Option<&Admission>,
+) -> Response {
     let raw = match read_body(st, body).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -143,12 +175,12 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         Err(e) => return invalid(e),
     };
     let request::Parsed {
+        body: req,
         model,
         input,
         salt,
         stream,
         skip_prefix_cache: skip,
-        ..
     } = parsed;
     let mut workers = candidates_for(&st.registry, &model);
     // An adapter request is hashed with the adapter's key, on the workers serving it.
@@ -166,6 +198,14 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
     };
     if tokens.is_empty() {
         return error(StatusCode::BAD_REQUEST, "the prompt is empty");
+    }
+    if let Some(a) = admission {
+        if let Err(rejected) = st
+            .tenants
+            .charge(a, tokens.len() as u64, completion_budget(&req))
+        {
+            return rejected.into_response();
+        }
     }
     let policy = st.policy();
     // Recorded once here; the decision is told whether it was a follow-up.
@@ -530,7 +570,11 @@ fn last_usage_in_sse(tail: &[u8]) -> Option<u64> {
         .next_back()
 }
 
-pub async fn models(State(st): State<Arc<AppState>>) -> Response {
+/// The served models; with tenants configured, only for a valid key.
+pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(rejected) = st.tenants.authenticate(&headers) {
+        return rejected.into_response();
+    }
     let data: Vec<Value> = st
         .registry
         .models()
