@@ -1,6 +1,7 @@
 //! Gateway configuration: the TOML file and the worker specs, in vLLM's own vocabulary.
 //!
-//! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token) and
+//! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token, the drain
+//! timeout, the `[discovery]` section, [`super::discovery`]) and
 //! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
 //! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
 //! `PYTHONHASHSEED`, the engine generation, `--speculative-config`'s fields and the LoRA
@@ -8,6 +9,7 @@
 //! validation that names the offending field, and the `--worker` flag keys for those.
 //! Must not: start anything.
 
+use super::discovery::DiscoveryConfig;
 use super::policy::PolicyKind;
 use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
 use serde::{Deserialize, Serialize};
@@ -466,8 +468,19 @@ pub struct GatewayConfig {
     pub digest_cache_tokens: usize,
     #[serde(default)]
     pub workers: Vec<WorkerSpec>,
+    /// Seconds a worker leaving the fleet (gone from discovery, or from `workers` on reload)
+    /// drains: no new requests, in-flight ones finish; then it is removed with its index state.
+    #[serde(default = "default_drain")]
+    pub worker_drain_timeout_secs: f64,
+    /// Workers found beside `workers`: a DNS name's records or a directory of worker files
+    /// ([`super::discovery`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<DiscoveryConfig>,
 }
 
+fn default_drain() -> f64 {
+    30.0
+}
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8080))
 }
@@ -506,6 +519,8 @@ impl Default for GatewayConfig {
             request_timeout_secs: default_timeout(),
             digest_cache_tokens: default_digest_cache(),
             workers: Vec::new(),
+            worker_drain_timeout_secs: default_drain(),
+            discovery: None,
         }
     }
 }
@@ -531,6 +546,16 @@ impl GatewayConfig {
         }
         if !(self.weights.lambda.is_finite() && self.weights.lambda >= 0.0) {
             return Err("weights.lambda must be a finite number ≥ 0".into());
+        }
+        if !(self.request_timeout_secs.is_finite() && self.request_timeout_secs > 0.0) {
+            return Err("request_timeout_secs must be a positive number of seconds".into());
+        }
+        let drain = self.worker_drain_timeout_secs;
+        if !(drain.is_finite() && (0.0..=86_400.0).contains(&drain)) {
+            return Err("worker_drain_timeout_secs must be between 0 and 86400 seconds".into());
+        }
+        if let Some(d) = &self.discovery {
+            d.validate().map_err(|e| format!("discovery: {e}"))?;
         }
         let mut names = std::collections::BTreeSet::new();
         for w in &self.workers {

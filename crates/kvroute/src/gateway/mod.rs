@@ -1,20 +1,26 @@
 //! The gateway: an OpenAI-compatible router in front of a fleet of engines.
 //!
-//! Owns: the shared state (`AppState`), the two listeners (front and admin), and starting and
-//! stopping everything (`Gateway::start`, `GatewayHandle::shutdown`).
-//! Invariants: the admin API listens on its own address; the front never exposes admin routes.
+//! Owns: the shared state (`AppState`, with the live configuration behind `config()`, swapped
+//! whole by a reload), the two listeners (front and admin), and starting and stopping
+//! everything (`Gateway::start`, `GatewayHandle::shutdown`).
+//! Invariants: the admin API listens on its own address; the front never exposes admin routes;
+//! a request reads the configuration once per use through `config()` (an `Arc` snapshot), never
+//! holding the lock across an await.
 //! Must not: block the runtime (all upstream I/O is async).
 
 pub mod admin;
 pub mod config;
 pub mod decide;
+pub mod discovery;
 pub mod engine_load;
+pub mod fleet;
 pub mod health;
 pub mod metrics;
 pub mod pending;
 pub mod policy;
 pub mod proxy;
 pub mod registry;
+pub mod reload;
 pub mod sessions;
 pub mod tokenize;
 pub mod ttft;
@@ -34,18 +40,33 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub struct AppState {
-    pub config: GatewayConfig,
+    /// The live configuration: read it through [`AppState::config`].
+    config: RwLock<Arc<GatewayConfig>>,
     pub registry: Arc<Registry>,
     pub metrics: metrics::Metrics,
     pub tokenizers: tokenize::Tokenizers,
     pub client: reqwest::Client,
     pub policy: RwLock<PolicyKind>,
     pub rr: AtomicU64,
+    /// The configured and discovered workers, reconciled into the registry.
+    pub fleet: fleet::Fleet,
+    /// Where the configuration came from, for reloads.
+    pub reloader: reload::Reloader,
 }
 
 impl AppState {
     pub fn policy(&self) -> PolicyKind {
         *self.policy.read()
+    }
+
+    /// The live configuration (a snapshot: a reload swaps in a new one).
+    pub fn config(&self) -> Arc<GatewayConfig> {
+        self.config.read().clone()
+    }
+
+    /// Swaps in a validated configuration ([`reload::apply_reload`] is the one caller).
+    pub(crate) fn set_config(&self, config: GatewayConfig) {
+        *self.config.write() = Arc::new(config);
     }
 }
 
@@ -85,6 +106,7 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/admin/workers/{name}", delete(admin::remove))
         .route("/admin/workers/{name}/drain", post(admin::drain))
         .route("/admin/policy", put(admin::set_policy))
+        .route("/admin/reload", post(admin::reload))
         .route("/admin/explain", post(admin::explain))
         .route("/metrics", get(proxy::metrics))
         .layer(axum::middleware::from_fn_with_state(
@@ -117,13 +139,16 @@ impl Gateway {
             client: client.clone(),
             policy: RwLock::new(config.policy),
             rr: AtomicU64::new(0),
-            config: config.clone(),
+            config: RwLock::new(Arc::new(config.clone())),
+            fleet: fleet::Fleet::default(),
+            reloader: reload::Reloader::default(),
         });
         for w in &config.workers {
             registry
                 .add(w.clone())
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
         }
+        state.fleet.adopt_static(&state, &config.workers);
         let front = tokio::net::TcpListener::bind(config.listen).await?;
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
         let addr = front.local_addr()?;
@@ -150,6 +175,7 @@ impl Gateway {
             interval,
             stop_rx.clone(),
         )));
+        tasks.push(tokio::spawn(discovery::run(state.clone(), stop_rx.clone())));
         let poll = Duration::from_secs_f64(config.load_poll_interval_secs.clamp(0.01, 60.0));
         let poll_timeout = Duration::from_secs_f64(config.load_poll_timeout_secs.clamp(0.01, 60.0));
         tasks.push(tokio::spawn(engine_load::run(

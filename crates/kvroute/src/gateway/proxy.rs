@@ -88,15 +88,13 @@ async fn handle(st: Arc<AppState>, headers: HeaderMap, body: Body, ep: Endpoint)
 }
 
 async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint) -> Response {
-    let raw = match axum::body::to_bytes(body, st.config.max_body_bytes).await {
+    let limit = st.config().max_body_bytes;
+    let raw = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "request body larger than {} bytes",
-                    st.config.max_body_bytes
-                ),
+                format!("request body larger than {} bytes", limit),
             )
         }
     };
@@ -153,7 +151,7 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         st.metrics.follow_ups.inc();
     }
     let rr = st.rr.fetch_add(1, Ordering::Relaxed);
-    let explain = st.config.explain_always
+    let explain = st.config().explain_always
         || headers
             .get("x-kvroute-explain")
             .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
@@ -169,7 +167,7 @@ async fn route(st: &Arc<AppState>, headers: &HeaderMap, body: Body, ep: Endpoint
         skip,
         follow_up,
         policy,
-        &st.config.weights,
+        &st.config().weights,
         rr,
         explain,
     );
@@ -361,9 +359,11 @@ async fn forward(
     }
     let started = Instant::now();
     let url = format!("{}{}", worker.spec.url.trim_end_matches('/'), ep.path());
+    let timeout = Duration::from_secs_f64(st.config().request_timeout_secs.max(0.1));
     let resp = st
         .client
         .post(&url)
+        .timeout(timeout)
         .header("content-type", "application/json")
         .body(body)
         .send()
