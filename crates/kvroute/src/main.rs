@@ -288,6 +288,8 @@ async fn serve(a: ServeArgs) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
     }
     let handle = Gateway::start(cfg).await?;
+    // Installed before the address is printed: from then on SIGHUP reloads, never terminates.
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     if let Some(path) = a.config.clone() {
         // A reload reads the file again and lays the same flags over it.
         let flags = a.clone();
@@ -303,7 +305,6 @@ async fn serve(a: ServeArgs) -> Result<()> {
         "kvroute listening on http://{} (admin http://{})",
         handle.addr, handle.admin_addr
     );
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     loop {
         tokio::select! {
             r = tokio::signal::ctrl_c() => {

@@ -302,3 +302,68 @@ async fn retire(state: Arc<AppState>, name: String, worker: Arc<Worker>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::config::GatewayConfig;
+    use crate::gateway::registry::LoadGuard;
+    use crate::gateway::Gateway;
+
+    #[tokio::test]
+    async fn a_worker_desired_again_while_it_drains_is_taken_back_and_admin_workers_are_left_alone()
+    {
+        let s1 = WorkerSpec::new("s1", "http://127.0.0.1:1", "m");
+        let gw = Gateway::start(GatewayConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admin_listen: "127.0.0.1:0".parse().unwrap(),
+            workers: vec![s1.clone()],
+            ..GatewayConfig::default()
+        })
+        .await
+        .unwrap();
+        let st = gw.state.clone();
+        let admin = WorkerSpec::new("adm", "http://127.0.0.1:2", "m");
+        st.registry.add(admin.clone()).unwrap();
+        assert_eq!(st.fleet.source_of("s1"), Some(Source::Static));
+        assert_eq!(st.fleet.source_of("adm"), None);
+
+        // s1 leaves with a request in flight: it drains and stays until the request is done.
+        let w = st.registry.get("s1").unwrap();
+        let guard = LoadGuard::new(w.clone(), 10);
+        let c = st.fleet.set_static(&st, Vec::new()).await;
+        assert_eq!(c.removed, ["s1"]);
+        assert!(w.draining.load(Ordering::Relaxed));
+        assert!(
+            st.registry.get("adm").is_some(),
+            "admin workers are not removed"
+        );
+        // Back before it drained: the same worker, routable again.
+        let c = st.fleet.set_static(&st, vec![s1.clone()]).await;
+        assert_eq!(c.added, ["s1"]);
+        assert!(Arc::ptr_eq(&w, &st.registry.get("s1").unwrap()));
+        assert!(!w.draining.load(Ordering::Relaxed));
+        // A configured worker named like an admin-added one is refused; the admin one stays.
+        let c = st.fleet.set_static(&st, vec![s1.clone(), admin]).await;
+        assert_eq!(c.refused, ["adm"]);
+        assert_eq!(
+            st.registry.get("adm").unwrap().spec.url,
+            "http://127.0.0.1:2"
+        );
+        // A changed spec replaces the worker at once.
+        let mut s1_dp2 = s1.clone();
+        s1_dp2.dp_size = 2;
+        let c = st.fleet.set_static(&st, vec![s1_dp2]).await;
+        assert_eq!(c.replaced, ["s1"]);
+        assert_eq!(st.registry.get("s1").unwrap().spec.dp_size, 2);
+        drop(guard);
+        // Gone for good once idle.
+        st.fleet.set_static(&st, Vec::new()).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while st.registry.get("s1").is_some() {
+            assert!(Instant::now() < deadline, "s1 was never removed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        gw.shutdown().await;
+    }
+}
