@@ -192,7 +192,8 @@ struct DemoArgs {
 
 #[derive(Args, Clone)]
 struct ServeArgs {
-    /// TOML configuration (see docs/operations.md); flags below override it.
+    /// TOML configuration (see docs/operations.md); flags below override it. SIGHUP or
+    /// `POST /admin/reload` reads it again (the flags still override it).
     #[arg(long)]
     config: Option<PathBuf>,
     #[arg(long)]
