@@ -5,7 +5,7 @@
 
 use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
 use kvroute::gateway::policy::PolicyKind;
-use kvroute::gateway::Gateway;
+use kvroute::gateway::{reload, Gateway};
 use kvroute::{capture, conformance, events, explain, tokens};
 
 mod bench_cmd;
@@ -190,9 +190,10 @@ struct DemoArgs {
     quiet: bool,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct ServeArgs {
-    /// TOML configuration (see docs/operations.md); flags below override it.
+    /// TOML configuration (see docs/operations.md); flags below override it. SIGHUP or
+    /// `POST /admin/reload` reads it again (the flags still override it).
     #[arg(long)]
     config: Option<PathBuf>,
     #[arg(long)]
@@ -286,12 +287,58 @@ fn parse_worker(s: &str) -> Result<WorkerSpec> {
 
 async fn serve(a: ServeArgs) -> Result<()> {
     let mut cfg = match &a.config {
-        Some(p) => GatewayConfig::from_toml(
+        Some(p) => toml::from_str::<GatewayConfig>(
             &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
         )
         .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
         None => GatewayConfig::default(),
     };
+    apply_flags(&mut cfg, &a)?;
+    if let Some(p) = &a.config {
+        cfg.validate()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    }
+    let handle = Gateway::start(cfg).await?;
+    // Installed before the address is printed: from then on SIGHUP reloads, never terminates.
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    if let Some(path) = a.config.clone() {
+        // A reload reads the file again and lays the same flags over it.
+        let flags = a.clone();
+        let overlay: reload::Overlay = std::sync::Arc::new(move |c: &mut GatewayConfig| {
+            apply_flags(c, &flags).map_err(|e| format!("{e:#}"))
+        });
+        handle.state.reloader.set_source(reload::ConfigSource {
+            path,
+            overlay: Some(overlay),
+        });
+    }
+    eprintln!(
+        "kvroute listening on http://{} (admin http://{})",
+        handle.addr, handle.admin_addr
+    );
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            r = &mut stop => {
+                r?;
+                break;
+            }
+            _ = hangup.recv() => {
+                // SIGHUP: the same reload as `POST /admin/reload`; a rejection is logged.
+                if let Ok(report) = reload::reload(&handle.state).await {
+                    eprintln!("configuration reloaded: {}", serde_json::to_string(&report)?);
+                }
+            }
+        }
+    }
+    eprintln!("kvroute shutting down: finishing in-flight requests, writing the snapshot");
+    handle.shutdown().await;
+    Ok(())
+}
+
+/// The command-line flags laid over the configuration file (at start and on every reload).
+fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     if let Some(l) = a.listen {
         cfg.listen = l;
     }
@@ -329,14 +376,6 @@ async fn serve(a: ServeArgs) -> Result<()> {
     for w in &a.workers {
         cfg.workers.push(parse_worker(w)?);
     }
-    let handle = Gateway::start(cfg).await?;
-    eprintln!(
-        "kvroute listening on http://{} (admin http://{})",
-        handle.addr, handle.admin_addr
-    );
-    stop_signal().await?;
-    eprintln!("kvroute shutting down: finishing in-flight requests, writing the snapshot");
-    handle.shutdown().await;
     Ok(())
 }
 

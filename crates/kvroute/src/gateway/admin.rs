@@ -1,9 +1,11 @@
-//! The admin API: list, add, remove and drain workers; switch the policy; explain a request;
-//! list the tenants (names, limits and requests in flight; never their keys).
+//! The admin API: list, add, remove and drain workers; switch the policy; reload the
+//! configuration file; explain a request; list the tenants (names, limits and requests in
+//! flight; never their keys); the snapshot's state, and writing one now.
 //!
 //! Owns: `/admin/*` on the admin listener (loopback unless configured), behind a bearer token
 //! when one is configured. Adding a worker starts its event subscriptions; removing it drops
-//! its index state.
+//! its index state. The worker list names each worker's source (`static`, `dns`, `dir`, or
+//! `admin` for workers added here, which the reconciler never removes).
 //! Must not: be reachable without the token when a token is set.
 
 use super::config::WorkerSpec;
@@ -11,6 +13,7 @@ use super::decide::{candidates_for, decide_with};
 use super::policy::PolicyKind;
 use super::proxy::error;
 use super::registry::{Registry, RegistryError};
+use super::reload::ReloadError;
 use super::AppState;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
@@ -22,7 +25,7 @@ use serde_json::json;
 use std::sync::Arc;
 
 pub async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(token) = &st.config.admin_token {
+    if let Some(token) = &st.config().admin_token {
         let ok = req
             .headers()
             .get("authorization")
@@ -49,7 +52,22 @@ fn registry_error(e: RegistryError) -> Response {
 }
 
 pub async fn list(State(st): State<Arc<AppState>>) -> Response {
-    let workers: Vec<_> = st.registry.all().iter().map(|w| w.view()).collect();
+    let workers: Vec<_> = st
+        .registry
+        .all()
+        .iter()
+        .map(|w| {
+            let mut v = serde_json::to_value(w.view()).unwrap_or_default();
+            let source = st
+                .fleet
+                .source_of(&w.spec.name)
+                .map_or("admin", |s| s.name());
+            if let Some(o) = v.as_object_mut() {
+                o.insert("source".into(), source.into());
+            }
+            v
+        })
+        .collect();
     Json(json!({
         "policy": st.policy().name(),
         "workers": workers,
@@ -118,6 +136,16 @@ pub async fn set_policy(State(st): State<Arc<AppState>>, Json(b): Json<PolicyBod
     }
 }
 
+/// Reads the configuration file again and applies it: 200 with what changed, 400 with the
+/// reason when it is invalid (nothing applied), 409 when the gateway has no file.
+pub async fn reload(State(st): State<Arc<AppState>>) -> Response {
+    match super::reload::reload(&st).await {
+        Ok(report) => Json(report).into_response(),
+        Err(e @ ReloadError::NoFile) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
 #[derive(Deserialize)]
 pub struct ExplainBody {
     tokens: Vec<u32>,
@@ -153,7 +181,7 @@ pub async fn explain(State(st): State<Arc<AppState>>, Json(b): Json<ExplainBody>
         false,
         st.registry.follow_ups.extends_earlier(&b.tokens),
         st.policy(),
-        &st.config.weights,
+        &st.config().weights,
         0,
         true,
     );

@@ -2,7 +2,7 @@
 //!
 //! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token, snapshot and
 //! shutdown settings, the front door's tenants ([`super::tenants::TenantSpec`], validated
-//! there)) and
+//! there), the drain timeout, the `[discovery]` section, [`super::discovery`]) and
 //! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
 //! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
 //! `PYTHONHASHSEED`, the engine generation, `--speculative-config`'s fields and the LoRA
@@ -10,6 +10,7 @@
 //! validation that names the offending field, and the `--worker` flag keys for those.
 //! Must not: start anything.
 
+use super::discovery::DiscoveryConfig;
 use super::policy::PolicyKind;
 use super::tenants::{self, TenantSpec};
 use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
@@ -495,6 +496,14 @@ pub struct GatewayConfig {
     /// Client API keys and per-tenant limits; none: the front door is open.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<TenantSpec>,
+    /// Seconds a worker leaving the fleet (gone from discovery, or from `workers` on reload)
+    /// drains: no new requests, in-flight ones finish; then it is removed with its index state.
+    #[serde(default = "default_drain")]
+    pub worker_drain_timeout_secs: f64,
+    /// Workers found beside `workers`: a DNS name's records or a directory of worker files
+    /// ([`super::discovery`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 fn default_client_timeout() -> f64 {
@@ -513,6 +522,9 @@ fn default_shutdown_timeout() -> f64 {
     30.0
 }
 
+fn default_drain() -> f64 {
+    30.0
+}
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8080))
 }
@@ -559,6 +571,8 @@ impl Default for GatewayConfig {
             shutdown_timeout_secs: default_shutdown_timeout(),
             workers: Vec::new(),
             tenants: Vec::new(),
+            worker_drain_timeout_secs: default_drain(),
+            discovery: None,
         }
     }
 }
@@ -611,6 +625,16 @@ impl GatewayConfig {
         }
         if !(self.weights.lambda.is_finite() && self.weights.lambda >= 0.0) {
             return Err("weights.lambda must be a finite number ≥ 0".into());
+        }
+        if !(self.request_timeout_secs.is_finite() && self.request_timeout_secs > 0.0) {
+            return Err("request_timeout_secs must be a positive number of seconds".into());
+        }
+        let drain = self.worker_drain_timeout_secs;
+        if !(drain.is_finite() && (0.0..=86_400.0).contains(&drain)) {
+            return Err("worker_drain_timeout_secs must be between 0 and 86400 seconds".into());
+        }
+        if let Some(d) = &self.discovery {
+            d.validate().map_err(|e| format!("discovery: {e}"))?;
         }
         let mut names = std::collections::BTreeSet::new();
         for w in &self.workers {

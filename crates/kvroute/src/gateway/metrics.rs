@@ -4,16 +4,17 @@
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
 //! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
 //! given up), decision and proxy latency, snapshot writes and loads, connections per listener,
-//! plus, rendered at scrape time, the index's counters and size and the wire intake's counters,
-//! and the front door's per-tenant figures (`TenantMetrics`).
+//! discovery refreshes, discovered workers, fleet changes and configuration reloads, plus,
+//! rendered at scrape time, the index's counters and size and the wire intake's counters, and
+//! the front door's per-tenant figures (`TenantMetrics`).
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update.
 
 use kvroute_index::Index;
 use kvroute_wire::WireStats;
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -50,6 +51,14 @@ pub struct Metrics {
     accept_errors: IntCounterVec,
     /// The front door: admitted, rejected, tokens charged and in flight, per tenant.
     pub tenants: TenantMetrics,
+    /// Discovery refreshes (one DNS resolution or directory scan) by kind and result.
+    pub discovery_resolutions: IntCounterVec,
+    /// Workers the reconciler manages that discovery found.
+    pub discovered_workers: IntGauge,
+    /// Reconciler changes to the fleet (added, removed, replaced, refused workers).
+    pub fleet_changes: IntCounterVec,
+    /// Configuration reloads by result (`ok`, `rejected`).
+    pub config_reloads: IntCounterVec,
     index_counters: IntGaugeVec,
     index_size: IntGaugeVec,
     wire: IntGaugeVec,
@@ -291,6 +300,32 @@ impl Metrics {
         must(registry.register(Box::new(connections_open.clone())));
         must(registry.register(Box::new(connections_refused.clone())));
         must(registry.register(Box::new(accept_errors.clone())));
+        let discovery_resolutions = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_discovery_resolutions_total",
+                "Discovery refreshes (a DNS resolution, a directory scan) by kind and result (ok, empty, error; the last two keep the last good set)",
+            ),
+            &["kind", "result"],
+        ));
+        let discovered_workers = must(IntGauge::new(
+            "kvroute_discovered_workers",
+            "Workers in the fleet that discovery found",
+        ));
+        let fleet_changes = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_fleet_changes_total",
+                "Workers the reconciler added, retired (removed), replaced or refused",
+            ),
+            &["change"],
+        ));
+        let config_reloads = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_config_reloads_total",
+                "Configuration reloads by result (ok, rejected)",
+            ),
+            &["result"],
+        ));
+        must(registry.register(Box::new(discovered_workers.clone())));
         let index_counters = must(IntGaugeVec::new(
             Opts::new("kvroute_index_events", "Index counters (monotonic)"),
             &["counter"],
@@ -311,6 +346,9 @@ impl Metrics {
             &retries,
             &cache_overridden,
             &cached_forgone,
+            &discovery_resolutions,
+            &fleet_changes,
+            &config_reloads,
         ] {
             must(registry.register(Box::new(c.clone())));
         }
@@ -353,6 +391,10 @@ impl Metrics {
             connections_refused,
             accept_errors,
             tenants,
+            discovery_resolutions,
+            discovered_workers,
+            fleet_changes,
+            config_reloads,
             index_counters,
             index_size,
             wire,

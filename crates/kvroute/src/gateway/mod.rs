@@ -1,15 +1,20 @@
 //! The gateway: an OpenAI-compatible router in front of a fleet of engines.
 //!
-//! Owns: the shared state (`AppState`), the two listeners (front and admin), and starting and
-//! stopping everything (`Gateway::start`: a snapshot loaded before the workers are added;
+//! Owns: the shared state (`AppState`, with the live configuration behind `config()`, swapped
+//! whole by a reload), the two listeners (front and admin), and starting and stopping
+//! everything (`Gateway::start`: a snapshot loaded before the workers are added;
 //! `GatewayHandle::shutdown`: graceful, the snapshot written after the last request).
-//! Invariants: the admin API listens on its own address; the front never exposes admin routes.
+//! Invariants: the admin API listens on its own address; the front never exposes admin routes;
+//! a request reads the configuration once per use through `config()` (an `Arc` snapshot), never
+//! holding the lock across an await.
 //! Must not: block the runtime (all upstream I/O is async).
 
 pub mod admin;
 pub mod config;
 pub mod decide;
+pub mod discovery;
 pub mod engine_load;
+pub mod fleet;
 pub mod health;
 pub mod intake;
 pub mod listen;
@@ -18,6 +23,7 @@ pub mod pending;
 pub mod policy;
 pub mod proxy;
 pub mod registry;
+pub mod reload;
 pub mod request;
 pub mod sessions;
 pub mod snapshot;
@@ -41,7 +47,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub struct AppState {
-    pub config: GatewayConfig,
+    /// The live configuration: read it through [`AppState::config`].
+    config: RwLock<Arc<GatewayConfig>>,
     pub registry: Arc<Registry>,
     pub metrics: metrics::Metrics,
     pub tokenizers: tokenize::Tokenizers,
@@ -52,6 +59,10 @@ pub struct AppState {
     pub snapshot: parking_lot::Mutex<snapshot::Status>,
     /// The front door: API keys → tenants and their limits (replaceable at runtime).
     pub tenants: tenants::Tenants,
+    /// The configured and discovered workers, reconciled into the registry.
+    pub fleet: fleet::Fleet,
+    /// Where the configuration came from, for reloads.
+    pub reloader: reload::Reloader,
 }
 
 impl AppState {
@@ -61,7 +72,7 @@ impl AppState {
 
     /// Writes a snapshot now (when a path is configured), recording the outcome.
     pub async fn write_snapshot(&self) -> Option<Result<snapshot::Written, String>> {
-        let path = self.config.snapshot_path.clone()?;
+        let path = self.config().snapshot_path.clone()?;
         let res = snapshot::write_registry(self.registry.clone(), path.clone()).await;
         let mut st = self.snapshot.lock();
         Some(match res {
@@ -89,6 +100,16 @@ impl AppState {
             }
         })
     }
+
+    /// The live configuration (a snapshot: a reload swaps in a new one).
+    pub fn config(&self) -> Arc<GatewayConfig> {
+        self.config.read().clone()
+    }
+
+    /// Swaps in a validated configuration ([`reload::apply_reload`] is the one caller).
+    pub(crate) fn set_config(&self, config: GatewayConfig) {
+        *self.config.write() = Arc::new(config);
+    }
 }
 
 pub struct GatewayHandle {
@@ -108,7 +129,7 @@ impl GatewayHandle {
     /// stops every subscription.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        let grace = Duration::from_secs_f64(self.state.config.shutdown_timeout_secs.max(0.0));
+        let grace = Duration::from_secs_f64(self.state.config().shutdown_timeout_secs.max(0.0));
         let deadline = tokio::time::Instant::now() + grace;
         for mut t in self.servers {
             if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
@@ -154,6 +175,7 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/admin/workers/{name}/drain", post(admin::drain))
         .route("/admin/policy", put(admin::set_policy))
         .route("/admin/tenants", get(admin::tenants))
+        .route("/admin/reload", post(admin::reload))
         .route("/admin/explain", post(admin::explain))
         .route(
             "/admin/snapshot",
@@ -197,7 +219,9 @@ impl Gateway {
                 path: config.snapshot_path.clone(),
                 ..snapshot::Status::default()
             }),
-            config: config.clone(),
+            config: RwLock::new(Arc::new(config.clone())),
+            fleet: fleet::Fleet::default(),
+            reloader: reload::Reloader::default(),
         });
         let mut resume = BTreeMap::new();
         if let Some(path) = &config.snapshot_path {
@@ -216,6 +240,7 @@ impl Gateway {
                 .add_resumed(w.clone(), ranks)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
         }
+        state.fleet.adopt_static(&state, &config.workers);
         let front = tokio::net::TcpListener::bind(config.listen).await?;
         let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
         let addr = front.local_addr()?;
@@ -255,6 +280,7 @@ impl Gateway {
                 stop_rx.clone(),
             )));
         }
+        tasks.push(tokio::spawn(discovery::run(state.clone(), stop_rx.clone())));
         let poll = Duration::from_secs_f64(config.load_poll_interval_secs.clamp(0.01, 60.0));
         let poll_timeout = Duration::from_secs_f64(config.load_poll_timeout_secs.clamp(0.01, 60.0));
         tasks.push(tokio::spawn(engine_load::run(

@@ -130,8 +130,9 @@ fn held_until_body_ends(r: Response, admission: Option<Admission>) -> Response {
 /// The body, bounded in size (413) and in the time the client takes to send it (408); a body
 /// that ends early (the client went away) is 400.
 async fn read_body(st: &AppState, body: Body) -> Result<Bytes, Response> {
-    let limit = st.config.max_body_bytes;
-    let wait = Duration::from_secs_f64(st.config.body_timeout_secs);
+    let cfg = st.config();
+    let limit = cfg.max_body_bytes;
+    let wait = Duration::from_secs_f64(cfg.body_timeout_secs);
     match tokio::time::timeout(wait, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => {
@@ -214,7 +215,7 @@ async fn route(
         st.metrics.follow_ups.inc();
     }
     let rr = st.rr.fetch_add(1, Ordering::Relaxed);
-    let explain = st.config.explain_always
+    let explain = st.config().explain_always
         || headers
             .get("x-kvroute-explain")
             .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
@@ -230,7 +231,7 @@ async fn route(
         skip,
         follow_up,
         policy,
-        &st.config.weights,
+        &st.config().weights,
         rr,
         explain,
     );
@@ -422,9 +423,11 @@ async fn forward(
     }
     let started = Instant::now();
     let url = format!("{}{}", worker.spec.url.trim_end_matches('/'), ep.path());
+    let timeout = Duration::from_secs_f64(st.config().request_timeout_secs.max(0.1));
     let resp = st
         .client
         .post(&url)
+        .timeout(timeout)
         .header("content-type", "application/json")
         .body(body)
         .send()
