@@ -316,3 +316,49 @@ fn kvroute_serve_reloads_its_config_file_on_sighup() {
     let _ = child.wait();
     let _ = std::fs::remove_file(&path);
 }
+
+#[tokio::test]
+async fn a_reload_swaps_the_tenants_keys_and_a_bad_key_file_rejects_it_whole() {
+    let f = fleet(1, 1000.0).await;
+    let path = temp_file("tenants");
+    let open = config_text("round-robin", &[("w0", &f.workers[0])], "");
+    std::fs::write(&path, &open).unwrap();
+    let gw = gateway_from(&path).await;
+    let ask = |key: Option<&'static str>| {
+        let url = format!("http://{}/v1/completions", gw.addr);
+        async move {
+            let mut r = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"model": PRESET, "prompt": [1, 2, 3], "max_tokens": 1}));
+            if let Some(k) = key {
+                r = r.bearer_auth(k);
+            }
+            r.send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(ask(None).await, 200, "no tenants: the door is open");
+    let with = |keys: &str| {
+        let (head, rest) = open.split_once("[[workers]]").unwrap();
+        format!("{head}[[tenants]]\nname = 'team-a'\n{keys}\n[[workers]]{rest}")
+    };
+    std::fs::write(&path, with("api_keys = ['sk-one']")).unwrap();
+    let (status, report) = reload(&gw).await;
+    assert_eq!(status, 200, "{report}");
+    assert!(report["changed"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("tenants")));
+    assert_eq!(ask(None).await, 401);
+    assert_eq!(ask(Some("sk-one")).await, 200);
+    // A key file that cannot be read: nothing changes.
+    std::fs::write(
+        &path,
+        with("api_keys_file = '/nonexistent/kvroute-keys'\nrequests_per_second = 1"),
+    )
+    .unwrap();
+    let (status, body) = reload(&gw).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(ask(Some("sk-one")).await, 200, "the old keys stay");
+    gw.shutdown().await;
+    let _ = std::fs::remove_file(&path);
+}
