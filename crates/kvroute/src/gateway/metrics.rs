@@ -46,6 +46,8 @@ pub struct Metrics {
     pub snapshot_loads: IntCounterVec,
     pub snapshot_seconds: Gauge,
     pub snapshot_bytes: Gauge,
+    /// Tokio tasks alive in the gateway's runtime (read at scrape time).
+    runtime_tasks: prometheus::IntGauge,
     connections_open: IntGaugeVec,
     connections_refused: IntCounterVec,
     accept_errors: IntCounterVec,
@@ -297,6 +299,11 @@ impl Metrics {
             ),
             &["listener"],
         ));
+        let runtime_tasks = must(prometheus::IntGauge::new(
+            "kvroute_runtime_tasks",
+            "Tokio tasks alive in the gateway's runtime",
+        ));
+        must(registry.register(Box::new(runtime_tasks.clone())));
         must(registry.register(Box::new(connections_open.clone())));
         must(registry.register(Box::new(connections_refused.clone())));
         must(registry.register(Box::new(accept_errors.clone())));
@@ -387,6 +394,7 @@ impl Metrics {
             snapshot_loads,
             snapshot_seconds,
             snapshot_bytes,
+            runtime_tasks,
             connections_open,
             connections_refused,
             accept_errors,
@@ -431,6 +439,9 @@ impl Metrics {
         self.index_size
             .with_label_values(&["digest_cache_bytes"])
             .set(s.digest_cache_bytes as i64);
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            self.runtime_tasks.set(h.metrics().num_alive_tasks() as i64);
+        }
         if let Ok(v) = serde_json::to_value(wire.snapshot()) {
             flatten("", &v, &mut |k, n| self.wire.with_label_values(&[k]).set(n));
         }
