@@ -346,7 +346,7 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
         cfg.admin_listen = l;
     }
     if a.admin_token.is_some() {
-        cfg.admin_token = a.admin_token.clone();
+        cfg.admin_token = a.admin_token.clone().map(Into::into);
     }
     if let Some(p) = a.policy {
         cfg.policy = p;

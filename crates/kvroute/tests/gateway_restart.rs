@@ -465,3 +465,73 @@ async fn readiness_waits_for_a_worker_and_the_first_catch_up_while_liveness_answ
     assert_eq!(ready.status(), 200);
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovered_worker_resumes_from_the_snapshot_like_a_configured_one() {
+    let f = fleet().await;
+    let a = steady(&f).await;
+    let path = temp_snapshot("discovered");
+    let dir = path.with_file_name("workers.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    for h in &f.workers {
+        let port = h.zmq[0].rsplit(':').next().unwrap();
+        let rport = h.replay[0].rsplit(':').next().unwrap();
+        std::fs::write(
+            dir.join(format!("{}.toml", h.name)),
+            format!(
+                "name = '{}'\nurl = '{}'\nmodel = '{PRESET}'\n[kv_events]\nendpoint = 'tcp://*:{port}'\nreplay_endpoint = 'tcp://*:{rport}'\nhost = '127.0.0.1'\n",
+                h.name, h.base_url
+            ),
+        )
+        .unwrap();
+    }
+    let start = || async {
+        let cfg = GatewayConfig {
+            snapshot_path: Some(path.clone()),
+            discovery: Some(
+                toml::from_str(&format!(
+                    "kind = 'dir'\npath = '{}'\ninterval_secs = 0.05\n",
+                    dir.display()
+                ))
+                .unwrap(),
+            ),
+            ..common::gateway_config(Vec::new())
+        };
+        let gw = Gateway::start(cfg).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while gw.state.registry.all().len() < 2 {
+            assert!(Instant::now() < deadline, "discovery found the workers");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        gw
+    };
+    let b = start().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    traffic(&f, 0, 60).await;
+    let (want, got) = agreement(&steady_admin(&a), &b.admin_addr.to_string()).await;
+    assert_eq!(got, want);
+    b.shutdown().await;
+    traffic(&f, 60, 64).await;
+    let b = start().await;
+    let status = b.state.snapshot.lock().clone();
+    let load = status.load.expect("the start met the snapshot");
+    assert_eq!(load.result, "loaded");
+    assert_eq!(load.matched.gone.len(), 2, "both wait for discovery");
+    let (want, got) = agreement(&steady_admin(&a), &b.admin_addr.to_string()).await;
+    assert_eq!(
+        got, want,
+        "the discovered workers resumed and replayed what they missed"
+    );
+    let degraded = b
+        .state
+        .registry
+        .wire_stats
+        .snapshot()
+        .ranks
+        .iter()
+        .filter(|r| r.degraded)
+        .count();
+    assert_eq!(degraded, 0);
+    b.shutdown().await;
+    a.shutdown().await;
+}

@@ -14,6 +14,7 @@ use super::policy::PolicyKind;
 use super::proxy::error;
 use super::registry::{Registry, RegistryError};
 use super::reload::ReloadError;
+use super::tenants::same_secret;
 use super::AppState;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
@@ -31,16 +32,12 @@ pub async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> 
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes()));
+            .is_some_and(|t| same_secret(t.as_bytes(), token.expose().as_bytes()));
         if !ok {
             return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
     }
     next.run(req).await
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn registry_error(e: RegistryError) -> Response {

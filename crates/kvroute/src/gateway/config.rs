@@ -428,6 +428,38 @@ impl Default for PolicyWeights {
     }
 }
 
+/// A credential from the configuration: compared, never shown (`Debug` prints `<redacted>`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Secret {
+        Secret(s.into())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Secret {
+        Secret(s)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewayConfig {
@@ -438,7 +470,7 @@ pub struct GatewayConfig {
     pub admin_listen: SocketAddr,
     /// Bearer token for the admin API (required when it listens beyond loopback).
     #[serde(default)]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     #[serde(default)]
     pub policy: PolicyKind,
     #[serde(default)]
@@ -585,7 +617,12 @@ impl GatewayConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        if !self.admin_listen.ip().is_loopback() && self.admin_token.is_none() {
+        if !self.admin_listen.ip().is_loopback()
+            && self
+                .admin_token
+                .as_ref()
+                .is_none_or(|t| t.expose().is_empty())
+        {
             return Err("admin_listen is not loopback: set admin_token".into());
         }
         for (name, v) in [

@@ -222,7 +222,8 @@ impl Fleet {
                 changes.refused.push(name);
                 continue;
             }
-            match registry.add(spec) {
+            let resume = state.unclaimed.take(&spec);
+            match registry.add_resumed(spec, resume) {
                 Ok(worker) => {
                     tracing::info!(worker = %name, source = source.name(), url = %worker.spec.url, "worker added");
                     self.inner

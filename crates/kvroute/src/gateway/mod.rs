@@ -63,6 +63,10 @@ pub struct AppState {
     pub fleet: fleet::Fleet,
     /// Where the configuration came from, for reloads.
     pub reloader: reload::Reloader,
+    /// Snapshot entries for workers discovery may add.
+    pub unclaimed: snapshot::Unclaimed,
+    /// When the gateway started (readiness waits a grace period for the first catch-up).
+    pub started: std::time::Instant,
 }
 
 impl AppState {
@@ -222,17 +226,22 @@ impl Gateway {
             config: RwLock::new(Arc::new(config.clone())),
             fleet: fleet::Fleet::default(),
             reloader: reload::Reloader::default(),
+            unclaimed: snapshot::Unclaimed::default(),
+            started: std::time::Instant::now(),
         });
         let mut resume = BTreeMap::new();
         if let Some(path) = &config.snapshot_path {
-            let (r, report) = snapshot::load_for(path.clone(), config.workers.clone()).await;
+            let discovery = config.discovery.is_some();
+            let (plan, report) =
+                snapshot::load_for(path.clone(), config.workers.clone(), discovery).await;
             state
                 .metrics
                 .snapshot_loads
                 .with_label_values(&[report.result])
                 .inc();
             state.snapshot.lock().load = Some(report);
-            resume = r;
+            resume = plan.resume;
+            state.unclaimed.set(plan.unclaimed);
         }
         for w in &config.workers {
             let ranks = resume.remove(&w.name).unwrap_or_default();

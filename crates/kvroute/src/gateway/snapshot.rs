@@ -342,16 +342,62 @@ pub struct Matched {
     pub resumed: Vec<String>,
     /// Workers in the snapshot whose settings changed since: they start empty.
     pub changed: Vec<String>,
-    /// Workers in the snapshot that are no longer configured.
+    /// Workers in the snapshot that are not configured: with discovery on, kept for the
+    /// workers it finds (a discovered worker of that name and fingerprint resumes them);
+    /// otherwise dropped.
     pub gone: Vec<String>,
     pub ranks: usize,
 }
 
+/// Snapshot entries not claimed at start, for workers discovery may add: name →
+/// (fingerprint, ranks). A worker takes its entry once, and only with the same fingerprint.
+#[derive(Default)]
+pub struct Unclaimed(parking_lot::Mutex<BTreeMap<String, (String, WorkerResume)>>);
+
+impl Unclaimed {
+    pub fn new(entries: BTreeMap<String, (String, WorkerResume)>) -> Unclaimed {
+        Unclaimed(parking_lot::Mutex::new(entries))
+    }
+
+    /// Replaces the entries (at start, once the snapshot is read).
+    pub fn set(&self, entries: BTreeMap<String, (String, WorkerResume)>) {
+        *self.0.lock() = entries;
+    }
+
+    /// The ranks `spec` resumes, if the snapshot held its name under the same fingerprint.
+    pub fn take(&self, spec: &WorkerSpec) -> WorkerResume {
+        let mut m = self.0.lock();
+        match m.remove(&spec.name) {
+            Some((fp, ranks)) if fp == fingerprint(spec) => {
+                tracing::info!(worker = %spec.name, ranks = ranks.len(), "discovered worker resumes from the snapshot");
+                ranks
+            }
+            Some(_) => {
+                tracing::warn!(worker = %spec.name, "discovered worker's settings changed since the snapshot: it starts empty");
+                WorkerResume::new()
+            }
+            None => WorkerResume::new(),
+        }
+    }
+}
+
+/// What the start does with a loaded snapshot: the configured workers' ranks, the entries left
+/// for discovery, and the report.
+pub struct Plan {
+    pub resume: BTreeMap<String, WorkerResume>,
+    pub unclaimed: BTreeMap<String, (String, WorkerResume)>,
+    pub matched: Matched,
+}
+
 /// Pairs a snapshot's workers with the configured ones: what each configured worker resumes.
+/// With `discovery` on, the entries no configured worker claims are kept for discovered ones
+/// (and a snapshot matching no configured worker is not another fleet's: its workers may all
+/// be discovered).
 pub fn match_workers(
     loaded: Loaded,
     specs: &[WorkerSpec],
-) -> Result<(BTreeMap<String, WorkerResume>, Matched), SnapshotError> {
+    discovery: bool,
+) -> Result<Plan, SnapshotError> {
     let mut m = Matched::default();
     let mut out = BTreeMap::new();
     let named: Vec<String> = loaded.workers.keys().cloned().collect();
@@ -368,11 +414,15 @@ pub fn match_workers(
         m.resumed.push(spec.name.clone());
         out.insert(spec.name.clone(), ranks);
     }
-    m.gone = workers.into_keys().collect();
-    if !named.is_empty() && m.resumed.is_empty() && m.changed.is_empty() {
+    m.gone = workers.keys().cloned().collect();
+    if !discovery && !named.is_empty() && m.resumed.is_empty() && m.changed.is_empty() {
         return Err(SnapshotError::OtherFleet(named.join(", ")));
     }
-    Ok((out, m))
+    Ok(Plan {
+        resume: out,
+        unclaimed: if discovery { workers } else { BTreeMap::new() },
+        matched: m,
+    })
 }
 
 fn hex_u64s(values: impl Iterator<Item = u64>) -> String {
@@ -514,7 +564,8 @@ pub struct Status {
 pub async fn load_for(
     path: PathBuf,
     specs: Vec<WorkerSpec>,
-) -> (BTreeMap<String, WorkerResume>, LoadReport) {
+    discovery: bool,
+) -> (Plan, LoadReport) {
     let started = Instant::now();
     let shown = path.display().to_string();
     let outcome = tokio::task::spawn_blocking(move || -> Result<_, SnapshotError> {
@@ -522,8 +573,8 @@ pub async fn load_for(
             None => Ok(None),
             Some(loaded) => {
                 let at = loaded.written_unix_ms;
-                let (resume, matched) = match_workers(loaded, &specs)?;
-                Ok(Some((resume, matched, at)))
+                let plan = match_workers(loaded, &specs, discovery)?;
+                Ok(Some((plan, at)))
             }
         }
     })
@@ -537,15 +588,18 @@ pub async fn load_for(
         matched,
         seconds,
     };
+    let empty = || Plan {
+        resume: BTreeMap::new(),
+        unclaimed: BTreeMap::new(),
+        matched: Matched::default(),
+    };
     match outcome {
         Ok(None) => {
             tracing::info!(path = %shown, "no snapshot: a cold start");
-            (
-                BTreeMap::new(),
-                report("absent", None, None, Matched::default()),
-            )
+            (empty(), report("absent", None, None, Matched::default()))
         }
-        Ok(Some((resume, matched, at))) => {
+        Ok(Some((plan, at))) => {
+            let matched = plan.matched.clone();
             let age = now_ms().saturating_sub(at) as f64 / 1000.0;
             tracing::info!(
                 path = %shown, ranks = matched.ranks, resumed = ?matched.resumed,
@@ -555,12 +609,12 @@ pub async fn load_for(
             if !matched.changed.is_empty() {
                 tracing::warn!(workers = ?matched.changed, "workers whose settings changed since the snapshot start empty");
             }
-            (resume, report("loaded", None, Some(at), matched))
+            (plan, report("loaded", None, Some(at), matched))
         }
         Err(e) => {
             tracing::warn!(path = %shown, reason = %e, "snapshot refused: a cold start");
             (
-                BTreeMap::new(),
+                empty(),
                 report("refused", Some(e.to_string()), None, Matched::default()),
             )
         }
@@ -768,18 +822,35 @@ mod tests {
     }
 
     #[test]
-    fn another_fleet_s_snapshot_is_refused_and_a_changed_worker_starts_empty() {
+    fn another_fleet_s_snapshot_is_refused_a_changed_worker_starts_empty_and_discovered_ones_claim_theirs(
+    ) {
         let loaded = parse(&text()).expect("loads");
-        let err = match_workers(loaded, &[spec("other")]).err();
+        let err = match_workers(loaded, &[spec("other")], false).err();
         assert!(matches!(err, Some(SnapshotError::OtherFleet(_))), "{err:?}");
         let loaded = parse(&text()).expect("loads");
         let mut moved = spec("w0");
         moved.url = "http://127.0.0.1:10".into();
-        let (resume, m) = match_workers(loaded, &[moved]).expect("same fleet");
-        assert!(resume.is_empty());
-        assert_eq!(m.changed, vec!["w0".to_string()]);
+        let plan = match_workers(loaded, &[moved], false).expect("same fleet");
+        assert!(plan.resume.is_empty());
+        assert_eq!(plan.matched.changed, vec!["w0".to_string()]);
         let loaded = parse(&text()).expect("loads");
-        let (resume, m) = match_workers(loaded, &[spec("w0"), spec("w1")]).expect("matches");
-        assert_eq!((resume.len(), m.ranks, m.resumed.len()), (1, 1, 1));
+        let plan = match_workers(loaded, &[spec("w0"), spec("w1")], false).expect("matches");
+        let m = &plan.matched;
+        assert_eq!((plan.resume.len(), m.ranks, m.resumed.len()), (1, 1, 1));
+        // With discovery, an unclaimed entry waits for the discovered worker of its name.
+        let loaded = parse(&text()).expect("loads");
+        let plan = match_workers(loaded, &[], true).expect("discovered fleets may match later");
+        let unclaimed = Unclaimed::new(plan.unclaimed);
+        let mut moved = spec("w0");
+        moved.url = "http://127.0.0.1:10".into();
+        assert!(unclaimed.take(&spec("w9")).is_empty());
+        assert_eq!(unclaimed.take(&spec("w0")).len(), 1);
+        assert!(unclaimed.take(&spec("w0")).is_empty(), "taken once");
+        let loaded = parse(&text()).expect("loads");
+        let unclaimed = Unclaimed::new(match_workers(loaded, &[], true).expect("ok").unclaimed);
+        assert!(
+            unclaimed.take(&moved).is_empty(),
+            "another fingerprint starts empty"
+        );
     }
 }

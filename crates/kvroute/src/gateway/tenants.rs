@@ -304,6 +304,12 @@ fn digest(key: &[u8]) -> [u8; 32] {
     Sha256::digest(key).into()
 }
 
+/// Whether two secrets are equal, in time that depends on neither their contents nor their
+/// lengths (their SHA-256 digests are compared in constant time).
+pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    constant_time_eq(&Sha256::digest(a), &Sha256::digest(b))
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

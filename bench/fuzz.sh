@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The fuzz campaign: every cargo-fuzz target of kvroute for SECONDS each (default 600), one
+# after another on one core, seeded from the committed corpora, then a summary line per target:
+# executions, coverage (libFuzzer's `cov` and `ft`), corpus size and findings (crash files).
+# Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). See docs/reliability.md.
+#   bench/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-600}
+shift || true
+wire=(decode_batch decode_frames)
+root=(index_vs_reference request_parse snapshot_parse config_toml)
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=("${wire[@]}" "${root[@]}")
+out=${FUZZ_OUT:-target/fuzz-campaign}
+mkdir -p "$out"
+
+dir_of() { case " ${wire[*]} " in *" $1 "*) echo crates/kvroute-wire/fuzz ;; *) echo fuzz ;; esac; }
+
+seed() {
+  local t=$1 d=$2
+  mkdir -p "$d/corpus/$t"
+  case $t in
+    decode_batch)
+      # The msgpack payloads of every committed frame capture (third frame, base64).
+      python3 - "$d/corpus/$t" <<'PY'
+import base64, glob, hashlib, json, os, sys
+out = sys.argv[1]
+for f in glob.glob("crates/kvroute-wire/tests/data/*/frames.jsonl") + glob.glob("conformance/corpus/*/frames.jsonl"):
+    for line in open(f):
+        try:
+            fr = json.loads(line).get("frames") or []
+            raw = base64.b64decode(fr[2]) if len(fr) > 2 else None
+        except Exception:
+            continue
+        if raw:
+            open(os.path.join(out, hashlib.sha1(raw).hexdigest()), "wb").write(raw)
+PY
+      ;;
+    request_parse)
+      for b in '{"model":"m","prompt":[1,2,3],"max_tokens":4}' \
+               '{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}' \
+               '{"model":"lora-a","prompt":"text","n":1,"temperature":0.5,"stop":["x"]}'; do
+        printf '%s' "$b" > "$d/corpus/$t/$(printf '%s' "$b" | sha1sum | cut -c1-16)"
+      done ;;
+    config_toml)
+      printf 'listen = "127.0.0.1:8080"\n[[workers]]\nname = "w0"\nurl = "http://127.0.0.1:8000"\nmodel = "m"\n[workers.kv_events]\nendpoint = "tcp://*:5557"\n' > "$d/corpus/$t/basic.toml" ;;
+    snapshot_parse)
+      cp fuzz/seeds/snapshot.toml "$d/corpus/$t/" ;;
+  esac
+}
+
+printf '%-20s %8s %12s %8s %8s %8s %8s\n' target seconds execs exec/s cov ft findings
+for t in "${targets[@]}"; do
+  d=$(dir_of "$t")
+  seed "$t" "$d"
+  log="$out/$t.log"
+  (cd "$d" && cargo +nightly fuzz run "$t" -- -max_total_time="$secs" -max_len=65536 -print_final_stats=1) >"$log" 2>&1 || true
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
+  ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
+  found=$(ls "$d/artifacts/$t" 2>/dev/null | grep -c -E '^(crash|oom|timeout|leak)-' || true)
+  printf '%-20s %8s %12s %8s %8s %8s %8s\n' "$t" "$secs" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${found:-0}"
+done

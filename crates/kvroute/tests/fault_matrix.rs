@@ -1,0 +1,260 @@
+//! A live fault matrix: a gateway subscribed to simulated engines over real ZMQ, with faults
+//! injected through the engines' own hooks (a publisher dropping batches at its high-water
+//! mark, delayed batches, an engine restarting empty, a replay endpoint that is not there),
+//! one at a time and several at once. After each, the gateway's index must equal the engine's
+//! true cache (group → hash → copies, from the engine itself) — or, while a loss cannot be
+//! repaired, hold nothing the engine lacks and say the rank is degraded — and predictions must
+//! be exact again: for probes, the gateway's prediction equals the cached tokens the engine
+//! then reports.
+
+mod common;
+
+use kvroute::gateway::config::WorkerSpec;
+use kvroute::gateway::{Gateway, GatewayHandle};
+use kvroute_sim::{Fleet, FleetOptions, SimHandle, WorkerConfig};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const PRESET: &str = "tiny-qwen3-next";
+
+type Contents = BTreeMap<u32, BTreeMap<u64, u32>>;
+
+async fn fleet(n: usize) -> Fleet {
+    let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
+    cfg.speedup = 1000.0;
+    cfg.engine.num_blocks = 96;
+    Fleet::start(FleetOptions::new(cfg, n)).await.unwrap()
+}
+
+async fn gateway(specs: Vec<WorkerSpec>) -> GatewayHandle {
+    let gw = Gateway::start(common::gateway_config(specs)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw
+}
+
+/// The engine's own cache of rank 0: group → hash → copies.
+fn engine_contents(h: &SimHandle) -> Contents {
+    let v = h.worker.cache_state();
+    let mut out = Contents::new();
+    if let Some(groups) = v["ranks"][0]["groups"].as_object() {
+        for (g, hashes) in groups {
+            let m: BTreeMap<u64, u32> = hashes
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, n)| (k.parse().unwrap(), n.as_u64().unwrap() as u32))
+                .collect();
+            if !m.is_empty() {
+                out.insert(g.parse().unwrap(), m);
+            }
+        }
+    }
+    out
+}
+
+fn index_contents(gw: &GatewayHandle, worker: &str) -> Contents {
+    gw.state
+        .registry
+        .index
+        .contents()
+        .remove(&(worker.into(), 0))
+        .unwrap_or_default()
+}
+
+/// Waits (bounded) until the index holds exactly what every engine holds.
+async fn converged(gw: &GatewayHandle, f: &Fleet) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let all = f
+            .workers
+            .iter()
+            .all(|h| index_contents(gw, &h.name) == engine_contents(h));
+        if all {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn degraded(gw: &GatewayHandle) -> usize {
+    gw.state
+        .registry
+        .wire_stats
+        .snapshot()
+        .ranks
+        .iter()
+        .filter(|r| r.degraded)
+        .count()
+}
+
+fn prompt(k: u32) -> Vec<u32> {
+    let p = k % 5;
+    let mut v: Vec<u32> = (0..96).map(|i| (p * 211 + i * 17) % 900 + 5).collect();
+    v.extend((0..(8 + 24 * (k % 4))).map(|i| (k * 13 + i * 7) % 900 + 5));
+    v
+}
+
+/// Requests `from..to` straight to the engines, in turn.
+async fn traffic(f: &Fleet, from: u32, to: u32) {
+    let client = reqwest::Client::new();
+    for k in from..to {
+        let h = &f.workers[k as usize % f.workers.len()];
+        let r = client
+            .post(format!("{}/v1/completions", h.base_url))
+            .json(&json!({"model": PRESET, "prompt": prompt(k), "max_tokens": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+}
+
+/// For a few probes on each engine: the gateway's prediction, then the engine's answer.
+async fn assert_exact(gw: &GatewayHandle, f: &Fleet) {
+    let client = reqwest::Client::new();
+    let mut hits = 0;
+    for h in &f.workers {
+        for k in [1u32, 7, 12] {
+            let p = prompt(k);
+            let v: Value = client
+                .post(format!("http://{}/admin/explain", gw.admin_addr))
+                .json(&json!({"tokens": p, "model": PRESET}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let predicted = v["predictions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["worker"] == h.name.as_str())
+                .and_then(|x| x["cached"].as_u64())
+                .unwrap_or(0);
+            let r: Value = client
+                .post(format!("{}/v1/completions", h.base_url))
+                .json(&json!({"model": PRESET, "prompt": p, "max_tokens": 1}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let reported = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap();
+            assert_eq!(predicted, reported, "{} probe {k}", h.name);
+            hits += usize::from(reported > 0);
+            // The probe's own blocks reach the index before the next prediction.
+            assert!(converged(gw, f).await);
+        }
+        assert!(!engine_contents(h).is_empty(), "{} holds blocks", h.name);
+    }
+    assert!(hits > 0, "some probes hit the cache");
+}
+
+fn specs(f: &Fleet, replay: bool) -> Vec<WorkerSpec> {
+    f.workers
+        .iter()
+        .map(|h| common::sim_spec(h, PRESET, replay))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_dropped_at_the_high_water_mark_are_replayed_and_the_index_equals_the_engine() {
+    let f = fleet(1).await;
+    let gw = gateway(specs(&f, true)).await;
+    traffic(&f, 0, 6).await;
+    f.workers[0].worker.set_faults(Some(4), None);
+    traffic(&f, 6, 12).await;
+    assert!(converged(&gw, &f).await, "the replay filled the gap");
+    assert_eq!(degraded(&gw), 0);
+    let wire = gw.state.registry.wire_stats.snapshot();
+    assert!(wire.gaps >= 1, "the drop was seen as a gap");
+    assert_exact(&gw, &f).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restarted_empty_is_cleared_and_rebuilt_from_its_new_stream() {
+    let f = fleet(1).await;
+    let gw = gateway(specs(&f, true)).await;
+    traffic(&f, 0, 8).await;
+    assert!(converged(&gw, &f).await);
+    f.workers[0].worker.restart(true).unwrap();
+    traffic(&f, 8, 14).await;
+    assert!(
+        converged(&gw, &f).await,
+        "the new instance's stream rebuilt the rank"
+    );
+    assert_eq!(degraded(&gw), 0);
+    assert!(gw.state.registry.wire_stats.snapshot().restarts >= 1);
+    assert_exact(&gw, &f).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replay_endpoint_a_loss_degrades_the_rank_with_nothing_extra_until_a_restart() {
+    let f = fleet(1).await;
+    let gw = gateway(specs(&f, false)).await;
+    traffic(&f, 0, 6).await;
+    assert!(converged(&gw, &f).await);
+    f.workers[0].worker.set_faults(Some(3), None);
+    traffic(&f, 6, 12).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while degraded(&gw) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(degraded(&gw), 1, "the unfilled gap is reported");
+    // Never more than the engine holds: the rank was cleared before the loss.
+    let engine = engine_contents(&f.workers[0]);
+    for (g, blocks) in index_contents(&gw, "w0") {
+        for (h, n) in blocks {
+            let held = engine.get(&g).and_then(|m| m.get(&h)).copied().unwrap_or(0);
+            assert!(n <= held, "group {g} block {h}: index {n}, engine {held}");
+        }
+    }
+    // The engine restarts empty: its stream from seq 0 rebuilds the rank.
+    f.workers[0].worker.restart(true).unwrap();
+    traffic(&f, 12, 16).await;
+    assert!(converged(&gw, &f).await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while degraded(&gw) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(degraded(&gw), 0, "rebuilt");
+    assert_exact(&gw, &f).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_faults_at_once_on_two_engines_leave_the_index_equal_to_both() {
+    let f = fleet(2).await;
+    let gw = gateway(specs(&f, true)).await;
+    traffic(&f, 0, 8).await;
+    // w0 drops and delays batches; w1 restarts empty in the middle of the traffic.
+    f.workers[0].worker.set_faults(Some(3), Some(20));
+    traffic(&f, 8, 12).await;
+    f.workers[1].worker.restart(true).unwrap();
+    f.workers[1].worker.set_faults(Some(2), None);
+    traffic(&f, 12, 20).await;
+    f.workers[0].worker.set_faults(None, Some(0));
+    traffic(&f, 20, 22).await;
+    assert!(converged(&gw, &f).await, "both ranks equal their engines");
+    assert_eq!(degraded(&gw), 0);
+    assert_exact(&gw, &f).await;
+    // The front kept serving throughout.
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", gw.addr))
+        .json(&json!({"model": PRESET, "prompt": prompt(3), "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+}
