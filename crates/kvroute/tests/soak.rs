@@ -213,7 +213,7 @@ async fn a_sustained_load_with_eviction_keeps_memory_descriptors_and_tasks_flat_
                 );
                 tokio::spawn(async move {
                     let sent = Instant::now();
-                    let stream = k % 3 == 0;
+                    let stream = k.is_multiple_of(3);
                     let r = client
                         .post(format!("http://{front}/v1/completions"))
                         .json(&json!({"model": PRESET, "prompt": prompt(k), "max_tokens": 4, "stream": stream}))
