@@ -12,7 +12,7 @@ mod common;
 use kvroute::gateway::config::WorkerSpec;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, SimHandle, WorkerConfig};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -115,39 +115,16 @@ async fn traffic(f: &Fleet, from: u32, to: u32) {
 
 /// For a few probes on each engine: the gateway's prediction, then the engine's answer.
 async fn assert_exact(gw: &GatewayHandle, f: &Fleet) {
-    let client = reqwest::Client::new();
     let mut hits = 0;
     for h in &f.workers {
         for k in [1u32, 7, 12] {
             let p = prompt(k);
-            let v: Value = client
-                .post(format!("http://{}/admin/explain", gw.admin_addr))
-                .json(&json!({"tokens": p, "model": PRESET}))
-                .send()
+            let predicted = common::predictions(&gw.admin_addr.to_string(), PRESET, &p)
                 .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let predicted = v["predictions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|x| x["worker"] == h.name.as_str())
-                .and_then(|x| x["cached"].as_u64())
-                .unwrap_or(0);
-            let r: Value = client
-                .post(format!("{}/v1/completions", h.base_url))
-                .json(&json!({"model": PRESET, "prompt": p, "max_tokens": 1}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let reported = r["usage"]["prompt_tokens_details"]["cached_tokens"]
-                .as_u64()
-                .unwrap();
+                .into_iter()
+                .find(|(w, _)| *w == h.name)
+                .map_or(0, |(_, c)| c);
+            let reported = common::engine_cached(&h.base_url, PRESET, &p).await;
             assert_eq!(predicted, reported, "{} probe {k}", h.name);
             hits += usize::from(reported > 0);
             // The probe's own blocks reach the index before the next prediction.

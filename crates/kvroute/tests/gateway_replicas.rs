@@ -53,28 +53,7 @@ async fn complete(gw: &GatewayHandle, prompt: &[u32], max_tokens: u32) -> Value 
 
 /// Every worker's predicted cached tokens for `tokens`, by the replica's admin explain.
 async fn predictions(gw: &GatewayHandle, tokens: &[u32]) -> Vec<(String, u64)> {
-    let v: Value = reqwest::Client::new()
-        .post(format!("http://{}/admin/explain", gw.admin_addr))
-        .json(&json!({"tokens": tokens, "model": PRESET}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let mut out: Vec<(String, u64)> = v["predictions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["worker"].as_str().unwrap().to_string(),
-                p["cached"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    out.sort();
-    out
+    common::predictions(&gw.admin_addr.to_string(), PRESET, tokens).await
 }
 
 /// Waits until every replica holds as many block copies as the first and the figure is stable.

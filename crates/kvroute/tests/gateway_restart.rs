@@ -178,28 +178,7 @@ async fn complete(front: &str, prompt: &[u32]) {
 }
 
 async fn predictions(admin: &str, tokens: &[u32]) -> Vec<(String, u64)> {
-    let v: Value = reqwest::Client::new()
-        .post(format!("http://{admin}/admin/explain"))
-        .json(&json!({"tokens": tokens, "model": PRESET}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let mut out: Vec<(String, u64)> = v["predictions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["worker"].as_str().unwrap().to_string(),
-                p["cached"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    out.sort();
-    out
+    common::predictions(admin, PRESET, tokens).await
 }
 
 fn probes() -> Vec<Vec<u32>> {

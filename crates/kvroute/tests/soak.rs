@@ -13,7 +13,7 @@
 mod common;
 
 use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -281,34 +281,12 @@ async fn a_sustained_load_with_eviction_keeps_memory_descriptors_and_tasks_flat_
     let mut exact = 0;
     for k in 0..12u64 {
         let p = prompt(k * 12 + 3);
-        let v: Value = client
-            .post(format!("http://{admin}/admin/explain"))
-            .json(&json!({"tokens": p, "model": PRESET}))
-            .send()
+        let predicted = common::predictions(&admin, PRESET, &p)
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let predicted = v["predictions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["worker"] == "w0")
-            .and_then(|x| x["cached"].as_u64())
-            .unwrap_or(0);
-        let r: Value = client
-            .post(format!("{}/v1/completions", f.workers[0].base_url))
-            .json(&json!({"model": PRESET, "prompt": p, "max_tokens": 1}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let reported = r["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0);
+            .into_iter()
+            .find(|(w, _)| w == "w0")
+            .map_or(0, |(_, c)| c);
+        let reported = common::engine_cached(&f.workers[0].base_url, PRESET, &p).await;
         assert_eq!(
             predicted, reported,
             "probe {k}: predicted vs engine-reported"

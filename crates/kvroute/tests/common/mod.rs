@@ -57,3 +57,46 @@ pub async fn admin_workers(gw: &GatewayHandle) -> serde_json::Value {
         .await
         .unwrap()
 }
+
+/// Every worker's predicted cached tokens for `tokens` (admin explain at `admin`, an address),
+/// sorted by worker.
+pub async fn predictions(admin: &str, model: &str, tokens: &[u32]) -> Vec<(String, u64)> {
+    let v: serde_json::Value = reqwest::Client::new()
+        .post(format!("http://{admin}/admin/explain"))
+        .json(&serde_json::json!({"tokens": tokens, "model": model}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut out: Vec<(String, u64)> = v["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["worker"].as_str().unwrap().to_string(),
+                p["cached"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The cached tokens an engine (its base URL) reports for `tokens`, sent to it directly.
+pub async fn engine_cached(base_url: &str, model: &str, tokens: &[u32]) -> u64 {
+    let r: serde_json::Value = reqwest::Client::new()
+        .post(format!("{base_url}/v1/completions"))
+        .json(&serde_json::json!({"model": model, "prompt": tokens, "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
