@@ -253,16 +253,23 @@ async fn assert_warm(f: &Fleet, a: &GatewayHandle, b: &Served) {
     cold.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_stopped_with_sigterm_restarts_warm_and_replays_what_it_missed() {
+/// A fleet, a steady replica, and a served gateway (snapshots every `interval` s, or only at
+/// shutdown for "0") that saw 60 requests and agrees with the steady one.
+async fn before_the_restart(tag: &str, interval: &str) -> (Fleet, GatewayHandle, PathBuf, Served) {
     let f = fleet().await;
     let a = steady(&f).await;
-    let path = temp_snapshot("term");
-    let b = serve(&f, &path, "0");
+    let path = temp_snapshot(tag);
+    let b = serve(&f, &path, interval);
     b.wait_ready().await;
     traffic(&f, 0, 60).await;
     let (want, got) = agreement(&steady_admin(&a), &b.admin).await;
     assert_eq!(got, want, "two replicas agree before the restart");
+    (f, a, path, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_with_sigterm_restarts_warm_and_replays_what_it_missed() {
+    let (f, a, path, b) = before_the_restart("term", "0").await;
     b.terminate();
     assert!(path.exists(), "SIGTERM wrote the snapshot");
     // The engines go on while the gateway is down.
@@ -276,14 +283,7 @@ async fn a_gateway_stopped_with_sigterm_restarts_warm_and_replays_what_it_missed
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_restarts_from_its_last_periodic_snapshot() {
-    let f = fleet().await;
-    let a = steady(&f).await;
-    let path = temp_snapshot("kill");
-    let b = serve(&f, &path, "0.2");
-    b.wait_ready().await;
-    traffic(&f, 0, 60).await;
-    let (want, got) = agreement(&steady_admin(&a), &b.admin).await;
-    assert_eq!(got, want);
+    let (f, a, path, b) = before_the_restart("kill", "0.2").await;
     // A periodic snapshot after the traffic, then more events it does not hold.
     tokio::time::sleep(Duration::from_millis(600)).await;
     traffic(&f, 60, 62).await;

@@ -691,6 +691,11 @@ mod tests {
                 )],
             }],
         };
+        sealed(body)
+    }
+
+    /// A body as a file with its header and checksum.
+    fn sealed(body: Body) -> String {
         let file = File {
             format: FORMAT.into(),
             version: VERSION,
@@ -786,14 +791,7 @@ mod tests {
             }],
         };
         body.workers[0].ranks[0].groups[0].runs[0].hashes.push('a');
-        let file = File {
-            format: FORMAT.into(),
-            version: VERSION,
-            written_unix_ms: 1,
-            checksum: checksum(&body).expect("encodes"),
-            body,
-        };
-        let err = parse(&toml::to_string(&file).expect("encodes"))
+        let err = parse(&sealed(body))
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -807,14 +805,7 @@ mod tests {
                 ranks: vec![rank_entry(0, StreamPosition { seq: 1, digest: 2 }, &big)],
             }],
         };
-        let file = File {
-            format: FORMAT.into(),
-            version: VERSION,
-            written_unix_ms: 1,
-            checksum: checksum(&body).expect("encodes"),
-            body,
-        };
-        let err = parse(&toml::to_string(&file).expect("encodes"))
+        let err = parse(&sealed(body))
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
