@@ -339,6 +339,15 @@ impl Index {
         &self.counters
     }
 
+    /// A rank the index knows (never creates one).
+    fn known(&self, worker: &WorkerId, dp_rank: u32) -> Option<RankRef> {
+        self.ranks
+            .read()
+            .by_key
+            .get(&(worker.clone(), dp_rank))
+            .cloned()
+    }
+
     /// Runs `f` on one rank's state under its read lock.
     pub fn inspect<T>(
         &self,
@@ -346,24 +355,14 @@ impl Index {
         dp_rank: u32,
         f: impl FnOnce(&RankState) -> T,
     ) -> Option<T> {
-        let rank = self
-            .ranks
-            .read()
-            .by_key
-            .get(&(worker.clone(), dp_rank))
-            .cloned()?;
+        let rank = self.known(worker, dp_rank)?;
         let r = rank.read();
         Some(f(&r))
     }
 
     /// One rank's cache state as an image (`None`: the index does not know the rank).
     pub fn export_rank(&self, worker: &WorkerId, dp_rank: u32) -> Option<RankImage> {
-        let rank = self
-            .ranks
-            .read()
-            .by_key
-            .get(&(worker.clone(), dp_rank))
-            .cloned()?;
+        let rank = self.known(worker, dp_rank)?;
         let runs = self.runs.read();
         let r = rank.read();
         Some(r.export(&runs))

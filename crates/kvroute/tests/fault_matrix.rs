@@ -80,17 +80,6 @@ async fn converged(gw: &GatewayHandle, f: &Fleet) -> bool {
     }
 }
 
-fn degraded(gw: &GatewayHandle) -> usize {
-    gw.state
-        .registry
-        .wire_stats
-        .snapshot()
-        .ranks
-        .iter()
-        .filter(|r| r.degraded)
-        .count()
-}
-
 fn prompt(k: u32) -> Vec<u32> {
     let p = k % 5;
     let mut v: Vec<u32> = (0..96).map(|i| (p * 211 + i * 17) % 900 + 5).collect();
@@ -150,7 +139,7 @@ async fn batches_dropped_at_the_high_water_mark_are_replayed_and_the_index_equal
     f.workers[0].worker.set_faults(Some(4), None);
     traffic(&f, 6, 12).await;
     assert!(converged(&gw, &f).await, "the replay filled the gap");
-    assert_eq!(degraded(&gw), 0);
+    assert_eq!(common::degraded_ranks(&gw), 0);
     let wire = gw.state.registry.wire_stats.snapshot();
     assert!(wire.gaps >= 1, "the drop was seen as a gap");
     assert_exact(&gw, &f).await;
@@ -169,7 +158,7 @@ async fn an_engine_restarted_empty_is_cleared_and_rebuilt_from_its_new_stream() 
         converged(&gw, &f).await,
         "the new instance's stream rebuilt the rank"
     );
-    assert_eq!(degraded(&gw), 0);
+    assert_eq!(common::degraded_ranks(&gw), 0);
     assert!(gw.state.registry.wire_stats.snapshot().restarts >= 1);
     assert_exact(&gw, &f).await;
     gw.shutdown().await;
@@ -184,10 +173,14 @@ async fn without_a_replay_endpoint_a_loss_degrades_the_rank_with_nothing_extra_u
     f.workers[0].worker.set_faults(Some(3), None);
     traffic(&f, 6, 12).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while degraded(&gw) == 0 && Instant::now() < deadline {
+    while common::degraded_ranks(&gw) == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(degraded(&gw), 1, "the unfilled gap is reported");
+    assert_eq!(
+        common::degraded_ranks(&gw),
+        1,
+        "the unfilled gap is reported"
+    );
     // Never more than the engine holds: the rank was cleared before the loss.
     let engine = engine_contents(&f.workers[0]);
     for (g, blocks) in index_contents(&gw, "w0") {
@@ -201,10 +194,10 @@ async fn without_a_replay_endpoint_a_loss_degrades_the_rank_with_nothing_extra_u
     traffic(&f, 12, 16).await;
     assert!(converged(&gw, &f).await);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while degraded(&gw) > 0 && Instant::now() < deadline {
+    while common::degraded_ranks(&gw) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(degraded(&gw), 0, "rebuilt");
+    assert_eq!(common::degraded_ranks(&gw), 0, "rebuilt");
     assert_exact(&gw, &f).await;
     gw.shutdown().await;
 }
@@ -223,7 +216,7 @@ async fn several_faults_at_once_on_two_engines_leave_the_index_equal_to_both() {
     f.workers[0].worker.set_faults(None, Some(0));
     traffic(&f, 20, 22).await;
     assert!(converged(&gw, &f).await, "both ranks equal their engines");
-    assert_eq!(degraded(&gw), 0);
+    assert_eq!(common::degraded_ranks(&gw), 0);
     assert_exact(&gw, &f).await;
     // The front kept serving throughout.
     let r = reqwest::Client::new()

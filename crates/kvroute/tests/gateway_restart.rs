@@ -237,15 +237,7 @@ async fn assert_warm(f: &Fleet, a: &GatewayHandle, b: &Served) {
     );
     let cold = steady(f).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let degraded = cold
-        .state
-        .registry
-        .wire_stats
-        .snapshot()
-        .ranks
-        .iter()
-        .filter(|r| r.degraded)
-        .count();
+    let degraded = common::degraded_ranks(&cold);
     assert_eq!(
         degraded, 2,
         "a cold start cannot rebuild from the short replay buffers"
@@ -501,15 +493,7 @@ async fn a_discovered_worker_resumes_from_the_snapshot_like_a_configured_one() {
         got, want,
         "the discovered workers resumed and replayed what they missed"
     );
-    let degraded = b
-        .state
-        .registry
-        .wire_stats
-        .snapshot()
-        .ranks
-        .iter()
-        .filter(|r| r.degraded)
-        .count();
+    let degraded = common::degraded_ranks(&b);
     assert_eq!(degraded, 0);
     b.shutdown().await;
     a.shutdown().await;

@@ -6,7 +6,8 @@
 //! and [`apply_reload`], the one place where every live section is applied.
 //! Invariants: a configuration that does not read or validate is rejected whole with the
 //! reason, and nothing of it is applied; settings that need a restart (the listen addresses,
-//! the digest cache, the health and load-poll intervals) keep their running values and are
+//! the digest cache, the health and load-poll intervals, the listeners' connection limits, the
+//! snapshot path and interval) keep their running values and are
 //! reported; after a reload the policy is the file's (flags still override it), also when the
 //! admin API had switched it; workers keep their index state unless their spec changed.
 //! Must not: restart listeners or touch connections.

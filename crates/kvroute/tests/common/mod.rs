@@ -100,3 +100,15 @@ pub async fn engine_cached(base_url: &str, model: &str, tokens: &[u32]) -> u64 {
         .as_u64()
         .unwrap()
 }
+
+/// Ranks the gateway's event intake reports degraded.
+pub fn degraded_ranks(gw: &GatewayHandle) -> usize {
+    gw.state
+        .registry
+        .wire_stats
+        .snapshot()
+        .ranks
+        .iter()
+        .filter(|r| r.degraded)
+        .count()
+}
