@@ -11,7 +11,8 @@
 # router: starts a fresh fleet of `kvroute sim-worker` processes, the router in front of it,
 # and `kvroute bench` against the router; every router sees the same requests at the same
 # times. Results: one JSON per run under $OUT (default bench/out/), and a Markdown table of
-# every cell (bench/matrix.py). Not part of the test command: it installs from PyPI and takes
+# every cell (bench/matrix.py). KVROUTE_ARGS adds flags to kvroute's `serve` (an ablation, with its
+# own --out). Not part of the test command: it installs from PyPI and takes
 # minutes to hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -129,8 +130,8 @@ start_router() { # router preset
     kvw+=(--worker "name=w$i,url=http://127.0.0.1:$((18100 + i)),model=$2,events=tcp://*:$((18200 + i)),replay=tcp://*:$((18300 + i))")
   done
   case "$1" in
-    kvroute-hybrid) exec "$KV" serve --listen 127.0.0.1:18080 --admin-listen 127.0.0.1:18081 --policy hybrid-aware "${kvw[@]}" ;;
-    kvroute-blind) exec "$KV" serve --listen 127.0.0.1:18080 --admin-listen 127.0.0.1:18081 --policy group-blind "${kvw[@]}" ;;
+    kvroute-hybrid) exec "$KV" serve --listen 127.0.0.1:18080 --admin-listen 127.0.0.1:18081 --policy hybrid-aware ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
+    kvroute-blind) exec "$KV" serve --listen 127.0.0.1:18080 --admin-listen 127.0.0.1:18081 --policy group-blind ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
     round-robin) exec "$KV" serve --listen 127.0.0.1:18080 --admin-listen 127.0.0.1:18081 --policy round-robin "${kvw[@]}" ;;
     smg-cache) exec "$VENVS/smg/bin/smg" launch --host 127.0.0.1 --port 18080 --prometheus-host 127.0.0.1 \
       --prometheus-port 18090 --worker-urls "${urls[@]}" --policy cache_aware --health-check-interval-secs 5 \
@@ -163,7 +164,7 @@ for rep in $(seq 1 "$REPEAT"); do
             "$KV" bench --target http://127.0.0.1:18080 --model "$preset" --workload "$wl" --engine-urls "$engines" \
               --tokens-per-block 256 --prompt-format text --speedup "$SPEEDUP" --time-scale "$SPEEDUP" \
               --rate "$(rate "$wl" "$load")" --max-requests "$REQUESTS" --block-size "$(align "$preset")" \
-              --timeout 120 --quiet --json "$json" | sed -n 2p
+              --timeout 120 --quiet --json "$json" --requests-log "${json%.json}.requests.jsonl" | sed -n 2p
             cleanup
             sleep 1
           done

@@ -99,6 +99,9 @@ pub struct BenchArgs {
     /// The in-process gateway's pricing of a conversation's later turns (true | false).
     #[arg(long)]
     later_turns: Option<bool>,
+    /// The in-process gateway's pricing of the wait a request adds to others (true | false).
+    #[arg(long)]
+    delay_to_others: Option<bool>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -162,6 +165,7 @@ impl BenchArgs {
             lambda: self.lambda,
             junction_weight: self.junction_weight,
             later_turns: self.later_turns,
+            delay_to_others: self.delay_to_others,
         })
     }
 }

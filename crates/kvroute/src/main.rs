@@ -216,6 +216,10 @@ struct ServeArgs {
     /// (true, the default) or rank by this request's TTFT alone (false).
     #[arg(long)]
     later_turns: Option<bool>,
+    /// Cost model ttft: price the wait a request's own prefill adds to the requests queuing
+    /// behind it on the worker (true, the default) or leave it out (false).
+    #[arg(long)]
+    delay_to_others: Option<bool>,
     /// μ: credit per full-attention prefix token beyond the hit (hybrid-aware).
     #[arg(long)]
     junction_weight: Option<f64>,
@@ -362,6 +366,9 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(l) = a.later_turns {
         cfg.weights.later_turns = l;
+    }
+    if let Some(d) = a.delay_to_others {
+        cfg.weights.delay_to_others = d;
     }
     cfg.explain_always |= a.explain_always;
     if a.snapshot_path.is_some() {

@@ -330,7 +330,12 @@ async fn a_worker_streaming_garbage_events_does_not_spoil_the_others() {
     });
     let mut specs: Vec<WorkerSpec> = f.workers.iter().map(spec).collect();
     specs.push(bad);
-    let gw = gateway(specs).await;
+    // Ties must go by name: the delay-to-others charge would send cold prompts to the
+    // worker that has had the least traffic, the garbage one.
+    let mut cfg = common::gateway_config(specs);
+    cfg.weights.delay_to_others = false;
+    let gw = Gateway::start(cfg).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let feeder = tokio::spawn(async move {
         for i in 0..200u64 {
             let frames: Vec<bytes::Bytes> = vec![
@@ -720,9 +725,21 @@ async fn conversations_are_recognised_and_only_a_new_one_is_priced_with_its_late
     );
     assert!(metrics.contains("kvroute_expected_follow_ups"));
     let admin = common::admin_workers(&gw).await;
+    let mut live = 0.0;
     for w in admin["workers"].as_array().unwrap() {
         assert!(w["ttft_model"]["load_wait_ms"].as_f64().unwrap() >= 0.0);
+        assert!(w["requests_per_s"].as_f64().unwrap() > 0.0, "{w}");
+        live += w["live_conversations"].as_f64().unwrap();
     }
+    // The turn cycle and the follow-ups' prefill were learned from the twenty follow-ups, and
+    // the conversations started since then live on the workers that took them.
+    let conv = &admin["conversations"];
+    assert!(conv["turn_cycle_ms"].as_f64().unwrap() > 0.0, "{conv}");
+    assert!(
+        conv["follow_up_prefill_ms"].as_f64().unwrap() >= 0.0,
+        "{conv}"
+    );
+    assert!(live > 0.0, "{admin}");
     gw.shutdown().await;
 }
 

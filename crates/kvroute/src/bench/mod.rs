@@ -122,6 +122,8 @@ pub struct BenchOptions {
     pub junction_weight: Option<f64>,
     /// The in-process gateway's `weights.later_turns` (default: the gateway's own).
     pub later_turns: Option<bool>,
+    /// The in-process gateway's `weights.delay_to_others` (default: the gateway's own).
+    pub delay_to_others: Option<bool>,
 }
 
 impl Default for BenchOptions {
@@ -156,6 +158,7 @@ impl Default for BenchOptions {
             lambda: None,
             junction_weight: None,
             later_turns: None,
+            delay_to_others: None,
         }
     }
 }
@@ -174,6 +177,9 @@ async fn start_kvroute(
     }
     if let Some(l) = o.later_turns {
         weights.later_turns = l;
+    }
+    if let Some(d) = o.delay_to_others {
+        weights.delay_to_others = d;
     }
     weights.cost = simfleet::cost_for(o.speedup, o.cost);
     let shape = FleetShape {

@@ -49,6 +49,10 @@ fn registry_error(e: RegistryError) -> Response {
 }
 
 pub async fn list(State(st): State<Arc<AppState>>) -> Response {
+    let now = std::time::Instant::now();
+    let k = st.registry.follow_ups.expected();
+    let cycle = st.registry.turns.cycle();
+    let life_ms = cycle.map_or(0.0, |(gap, _)| k * gap);
     let workers: Vec<_> = st
         .registry
         .all()
@@ -61,6 +65,14 @@ pub async fn list(State(st): State<Arc<AppState>>) -> Response {
                 .map_or("admin", |s| s.name());
             if let Some(o) = v.as_object_mut() {
                 o.insert("source".into(), source.into());
+                o.insert(
+                    "live_conversations".into(),
+                    w.live.count(now, life_ms).into(),
+                );
+                o.insert(
+                    "requests_per_s".into(),
+                    (w.arrivals.per_ms(now) * 1e3).into(),
+                );
             }
             v
         })
@@ -69,6 +81,11 @@ pub async fn list(State(st): State<Arc<AppState>>) -> Response {
         "policy": st.policy().name(),
         "workers": workers,
         "fleet_ttft_model": st.registry.fleet_ttft.view(),
+        "conversations": {
+            "expected_follow_ups": k,
+            "turn_cycle_ms": cycle.map(|(gap, _)| gap),
+            "follow_up_prefill_ms": cycle.map(|(_, s)| s),
+        },
         "index": st.registry.index.stats(),
     }))
     .into_response()

@@ -379,6 +379,12 @@ pub struct PolicyWeights {
     /// [`super::sessions`]). `false` ranks by this request's TTFT alone.
     #[serde(default = "default_later_turns")]
     pub later_turns: bool,
+    /// Cost model `ttft`: add, for each candidate, the wait this request's own prefill there
+    /// adds to the requests that will reach the worker before its first token (the fleet's
+    /// request rate at the worker's share, [`super::arrivals`]). `false` leaves other
+    /// requests' waits out.
+    #[serde(default = "default_later_turns")]
+    pub delay_to_others: bool,
 }
 
 fn default_later_turns() -> bool {
@@ -424,6 +430,7 @@ impl Default for PolicyWeights {
             junction: default_junction(),
             cost: CostModel::default(),
             later_turns: default_later_turns(),
+            delay_to_others: default_later_turns(),
         }
     }
 }

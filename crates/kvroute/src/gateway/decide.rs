@@ -8,7 +8,9 @@
 //! is the best of its DP ranks (the engine's own balancer picks the rank).
 //! Must not: send anything upstream.
 
+use super::arrivals::delay_to_others_ms;
 use super::config::PolicyWeights;
+use super::conversations::conversation_cost_ms;
 use super::pending::{prompt_checkpoint, Forecast, Prompt};
 use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
@@ -227,6 +229,11 @@ pub fn decide_with<'a>(
     } else {
         0.0
     };
+    // A new conversation's later turns meet the conversations living on each worker, and
+    // theirs meet it (`conversations.rs`).
+    let now = std::time::Instant::now();
+    let cycle = registry.turns.cycle().filter(|_| follow_ups > 0.0);
+    let life_ms = cycle.map_or(0.0, |(gap, _)| follow_ups * gap);
     let cands: Vec<Candidate> = workers
         .iter()
         .map(|w| {
@@ -243,10 +250,28 @@ pub fn decide_with<'a>(
             let expected = n.saturating_sub(cached + forecast_cached);
             let work = Work::new(w.queued_tokens(), n - expected, expected, w.running());
             let (predicted_ttft_ms, ms_per_token) = w.ttft.predict(&registry.fleet_ttft, &work);
-            let load_delay_ms = load_delay_ms(registry, w, &work);
-            // Later turns meet the load the worker has been showing, not the queue of this
-            // instant (which will have drained by then).
-            let later_turns_ms = follow_ups * w.ttft.load_wait_ms();
+            let (load_delay_ms, busy_ms) = load_delay_ms(registry, w, &work);
+            let own_ms = (predicted_ttft_ms - busy_ms).max(0.0);
+            // The requests reaching the worker before this one's first token queue behind it.
+            let rate = if policy.uses_cache() {
+                w.arrivals.per_ms(now)
+            } else {
+                0.0
+            };
+            let delay_to_others_ms = delay_to_others_ms(own_ms, rate, predicted_ttft_ms);
+            // Later turns meet the load the worker has been showing (not the queue of this
+            // instant, which will have drained by then) or, if larger, the turns of the
+            // conversations living there; and theirs wait for this conversation's.
+            let live = if cycle.is_some() {
+                w.live.count(now, life_ms)
+            } else {
+                0.0
+            };
+            let (conversation_ms, own_turns_ms) = cycle.map_or((0.0, 0.0), |(gap, s)| {
+                conversation_cost_ms(live, follow_ups, gap, s)
+            });
+            let later_turns_ms = conversation_ms - own_turns_ms
+                + (follow_ups * w.ttft.load_wait_ms()).max(own_turns_ms);
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
@@ -256,6 +281,9 @@ pub fn decide_with<'a>(
                 junction: o.junction,
                 predicted_ttft_ms,
                 later_turns_ms,
+                delay_to_others_ms,
+                own_prefill_ms: own_ms,
+                live_conversations: live,
                 load_delay_ms,
                 work,
                 ms_per_token,
@@ -299,9 +327,34 @@ pub fn decide_with<'a>(
     }
 }
 
+/// Records where a request went, for the conversation charge: a follow-up teaches the turn
+/// cycle (`gap`, the time since its previous turn) and its prefill there; a new conversation,
+/// or a follow-up moved off the worker holding its history (`moved`), lives on the chosen
+/// worker from now.
+pub fn record_placement(
+    registry: &Registry,
+    chosen: &Worker,
+    cand: &Candidate,
+    gap: Option<std::time::Duration>,
+    moved: bool,
+) {
+    chosen.arrivals.observe(std::time::Instant::now());
+    if let Some(gap) = gap {
+        registry.turns.observe_gap(gap);
+        registry.turns.observe_prefill(cand.own_prefill_ms);
+    }
+    if gap.is_none() || moved {
+        let k = registry.follow_ups.expected();
+        if let Some((cycle, _)) = registry.turns.cycle().filter(|_| k > 0.0) {
+            chosen.live.add(std::time::Instant::now(), k * cycle);
+        }
+    }
+}
+
 /// The wait a worker's load adds to a request sent there now: its model's prediction for a
-/// request with no prefill of its own, less the same on an idle worker.
-fn load_delay_ms(registry: &Registry, w: &Worker, work: &Work) -> f64 {
+/// request with no prefill of its own, less the same on an idle worker; and that prediction
+/// itself (the TTFT less this request's own prefill).
+fn load_delay_ms(registry: &Registry, w: &Worker, work: &Work) -> (f64, f64) {
     let loaded = Work {
         own_tokens: 0,
         pairs: 0.0,
@@ -309,7 +362,7 @@ fn load_delay_ms(registry: &Registry, w: &Worker, work: &Work) -> f64 {
     };
     let (busy, _) = w.ttft.predict(&registry.fleet_ttft, &loaded);
     let (idle, _) = w.ttft.predict(&registry.fleet_ttft, &Work::default());
-    (busy - idle).max(0.0)
+    ((busy - idle).max(0.0), busy)
 }
 
 #[cfg(test)]
@@ -367,6 +420,81 @@ mod tests {
             workers.push(registry.add(spec).expect("valid spec"));
         }
         (registry, workers)
+    }
+
+    /// Teaches the registry conversations of `turns` turns, one turn every `gap_ms`, each
+    /// follow-up costing `prefill_ms` of prefill.
+    fn teach_conversations(registry: &Registry, turns: u32, gap_ms: u64, prefill_ms: f64) {
+        let t0 = std::time::Instant::now();
+        for c in 0..400u32 {
+            let mut p: Vec<u32> = (0..32).map(|i| 100_000 + c * 64 + i).collect();
+            for turn in 0..turns {
+                registry.follow_ups.observe(&p, t0);
+                p.extend((0..16).map(|i| 900_000 + c * 64 + turn * 16 + i));
+            }
+        }
+        for _ in 0..50 {
+            registry
+                .turns
+                .observe_gap(std::time::Duration::from_millis(gap_ms));
+            registry.turns.observe_prefill(prefill_ms);
+        }
+    }
+
+    #[test]
+    fn a_new_conversation_is_priced_with_the_conversations_living_on_each_worker() {
+        let (registry, workers) = fleet(&["a", "b"]);
+        // Conversations of five turns, a turn a second, 100 ms of prefill each: every
+        // conversation keeps its worker 10 % busy.
+        teach_conversations(&registry, 5, 1000, 100.0);
+        let k = registry.follow_ups.expected();
+        assert!((3.0..5.0).contains(&k), "expected follow-ups {k}");
+        let life = k * 1000.0;
+        let now = std::time::Instant::now();
+        for _ in 0..6 {
+            workers[0].live.add(now, life);
+        }
+        workers[1].live.add(now, life);
+        let run = |follow_up: bool| {
+            decide_with(
+                &registry,
+                &workers,
+                &[9; 64],
+                BlockExtras::default(),
+                false,
+                follow_up,
+                PolicyKind::HybridAware,
+                &PolicyWeights::default(),
+                0,
+                false,
+            )
+            .decision
+        };
+        let d = run(false);
+        let by = |d: &Decision, w: &str| {
+            d.candidates
+                .iter()
+                .find(|c| c.worker == w)
+                .cloned()
+                .expect("candidate")
+        };
+        let (a, b) = (by(&d, "a"), by(&d, "b"));
+        assert!(a.live_conversations > 5.9 && b.live_conversations > 0.9);
+        // Six conversations (ρ = 0.6) against one (ρ = 0.1): the same TTFT now, but the later
+        // turns on "a" wait for five others and make them wait.
+        assert_eq!(a.predicted_ttft_ms, b.predicted_ttft_ms);
+        let (want_a, _) = conversation_cost_ms(a.live_conversations, k, 1000.0, 100.0);
+        assert!((a.later_turns_ms - want_a).abs() < 1e-6, "{a:?}");
+        assert!(a.later_turns_ms > b.later_turns_ms + 100.0, "{a:?} {b:?}");
+        assert_eq!(d.worker, "b");
+        // A follow-up is not charged for later turns: its conversation lives where it is.
+        let d = run(true);
+        assert!(d.candidates.iter().all(|c| c.later_turns_ms == 0.0));
+        // A placement records the conversation on the chosen worker.
+        let before = workers[1].live.count(std::time::Instant::now(), life);
+        record_placement(&registry, &workers[1], &by(&d, "b"), None, false);
+        let after = workers[1].live.count(std::time::Instant::now(), life);
+        assert!(after > before + 0.9, "{before} → {after}");
     }
 
     #[test]

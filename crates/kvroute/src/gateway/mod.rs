@@ -10,7 +10,9 @@
 //! Must not: block the runtime (all upstream I/O is async).
 
 pub mod admin;
+pub mod arrivals;
 pub mod config;
+pub mod conversations;
 pub mod decide;
 pub mod discovery;
 pub mod engine_load;

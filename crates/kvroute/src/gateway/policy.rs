@@ -88,6 +88,15 @@ pub struct Candidate {
     /// (ms; 0 while no follow-ups are seen).
     #[serde(skip_serializing_if = "is_zero_f")]
     pub later_turns_ms: f64,
+    /// This request's own prefill here (ms): the predicted TTFT less the wait for the load.
+    pub own_prefill_ms: f64,
+    /// The conversations living here (hybrid-aware and group-blind, new conversations only).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub live_conversations: f64,
+    /// The wait this request's own prefill here adds to the requests that will reach the
+    /// worker before its first token (ms; [`super::arrivals`]).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub delay_to_others_ms: f64,
     /// The wait this worker's load adds to a request sent there now (ms).
     pub load_delay_ms: f64,
     /// What the prediction was made from.
@@ -169,7 +178,12 @@ pub fn rank(
                         } else {
                             0.0
                         };
-                        c.predicted_ttft_ms + later
+                        let others = if weights.delay_to_others {
+                            c.delay_to_others_ms
+                        } else {
+                            0.0
+                        };
+                        c.predicted_ttft_ms + later + others
                             - weights.junction * c.junction as f64 * c.ms_per_token
                     }
                     CostModel::Tokens => {
@@ -203,6 +217,9 @@ mod tests {
             junction: 0,
             predicted_ttft_ms: 0.0,
             later_turns_ms: 0.0,
+            delay_to_others_ms: 0.0,
+            own_prefill_ms: 0.0,
+            live_conversations: 0.0,
             load_delay_ms: 0.0,
             work: Work::default(),
             ms_per_token: 0.0,

@@ -11,7 +11,7 @@
 //! accounting, and recording the engine-reported cached tokens against the prediction.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
-use super::decide::{candidates_for, decide_with, Decision};
+use super::decide::{candidates_for, decide_with, record_placement, Decision};
 use super::pending::Prompt;
 use super::registry::{LoadGuard, Registry, Worker};
 use super::request;
@@ -210,7 +210,13 @@ async fn route(
     }
     let policy = st.policy();
     // Recorded once here; the decision is told whether it was a follow-up.
-    let follow_up = policy.uses_cache() && st.registry.follow_ups.observe(&tokens);
+    let now = Instant::now();
+    let turn_gap = if policy.uses_cache() {
+        st.registry.follow_ups.observe(&tokens, now)
+    } else {
+        None
+    };
+    let follow_up = turn_gap.is_some();
     if follow_up {
         st.metrics.follow_ups.inc();
     }
@@ -260,6 +266,11 @@ async fn route(
             .cached_forgone
             .with_label_values(&[policy.name()])
             .inc_by(forgone);
+    }
+    if policy.uses_cache() {
+        if let (Some(w), Some(c)) = (ranked.order.first(), ranked.decision.candidates.first()) {
+            record_placement(&st.registry, w, c, turn_gap, forgone > 0);
+        }
     }
 
     let mut last_err = String::new();

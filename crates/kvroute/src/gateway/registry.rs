@@ -12,7 +12,9 @@
 //! given, and goes only to workers serving the adapter from that path.
 //! Must not: choose workers (policy does) or proxy requests.
 
+use super::arrivals::Arrivals;
 use super::config::WorkerSpec;
+use super::conversations::{Live, TurnStats};
 use super::engine_load::EngineLoad;
 use super::intake::RankSink;
 use super::pending::{Pending, Prompt};
@@ -60,6 +62,10 @@ pub struct Worker {
     pub pending: Pending,
     /// This worker's TTFT, learned from what it answered.
     pub ttft: TtftModel,
+    /// The conversations living here (started or moved here, fading with their expected life).
+    pub live: Live,
+    /// The rate of requests routed here (the delay-to-others charge).
+    pub arrivals: Arrivals,
     /// LoRA adapters served beside the base model: name → path (the spec's, then as the
     /// worker's `/v1/models` lists them).
     pub adapters: RwLock<BTreeMap<String, String>>,
@@ -153,6 +159,8 @@ impl Worker {
             sinks: Mutex::new(Vec::new()),
             pending: Pending::default(),
             ttft: TtftModel::default(),
+            live: Live::default(),
+            arrivals: Arrivals::default(),
         }
     }
 
@@ -356,6 +364,8 @@ pub struct Registry {
     pub fleet_ttft: TtftModel,
     /// How many further requests a conversation brings (the policy's horizon).
     pub follow_ups: FollowUps,
+    /// The fleet's turn cycle and follow-up prefill (the conversation charge).
+    pub turns: TurnStats,
     pub wire_stats: Arc<WireStats>,
 }
 
@@ -366,6 +376,7 @@ impl Registry {
             index,
             fleet_ttft: TtftModel::default(),
             follow_ups: FollowUps::default(),
+            turns: TurnStats::default(),
             wire_stats: Arc::new(WireStats::new()),
         }
     }

@@ -12,10 +12,12 @@
 //! of it (property-tested against the reference); memory is bounded ([`CAPACITY`] prompts, the
 //! oldest forgotten first); the estimate is 0 until follow-ups are seen and at most
 //! [`MAX_FOLLOW_UPS`].
-//! Must not: look at workers, the index or the clock; it sees prompts only.
+//! Must not: look at workers, the index or the clock; it sees prompts and the times the
+//! caller gives.
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Tokens per link of the prefix chain the tracker keys prompts by (its own unit, unrelated
@@ -40,6 +42,8 @@ struct Remembered {
     /// Digest of the tokens after the prompt's last full link.
     tail: u64,
     seq: u64,
+    /// When it was seen.
+    at: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -85,11 +89,13 @@ fn tail_digest(tokens: &[u32]) -> u64 {
 }
 
 impl FollowUps {
-    /// Records a prompt; returns whether it extends a remembered earlier prompt.
-    pub fn observe(&self, tokens: &[u32]) -> bool {
+    /// Records a prompt seen at `now`; returns, if it extends remembered earlier prompts, the
+    /// time since the longest of them (its conversation's previous turn) was seen.
+    pub fn observe(&self, tokens: &[u32], now: Instant) -> Option<Duration> {
         let keys = chain(tokens);
         let mut g = self.inner.lock();
-        let follow_up = is_follow_up(&g.by_key, &keys, tokens);
+        let previous = longest_earlier(&g.by_key, &keys, tokens);
+        let follow_up = previous.is_some();
         g.requests += 1;
         g.follow_ups += u64::from(follow_up);
         let x = if follow_up { 1.0 } else { 0.0 };
@@ -103,6 +109,7 @@ impl FollowUps {
             len: tokens.len(),
             tail: tail_digest(&tokens[links * LINK..]),
             seq,
+            at: now,
         };
         let bucket = g.by_key.entry(key).or_default();
         bucket.push_back(entry);
@@ -121,13 +128,13 @@ impl FollowUps {
                 }
             }
         }
-        follow_up
+        previous.map(|at| now.saturating_duration_since(at))
     }
 
     /// Whether `tokens` extends a remembered earlier prompt, without recording it.
     pub fn extends_earlier(&self, tokens: &[u32]) -> bool {
         let keys = chain(tokens);
-        is_follow_up(&self.inner.lock().by_key, &keys, tokens)
+        longest_earlier(&self.inner.lock().by_key, &keys, tokens).is_some()
     }
 
     /// The fraction of recent requests that were follow-ups.
@@ -163,23 +170,31 @@ pub fn expected_follow_ups(p: f64) -> f64 {
     (p / (1.0 - p)).min(MAX_FOLLOW_UPS)
 }
 
-fn is_follow_up(by_key: &HashMap<u64, VecDeque<Remembered>>, keys: &[u64], tokens: &[u32]) -> bool {
+/// When the longest remembered strict prefix of `tokens` was seen (the latest of equals).
+fn longest_earlier(
+    by_key: &HashMap<u64, VecDeque<Remembered>>,
+    keys: &[u64],
+    tokens: &[u32],
+) -> Option<Instant> {
     // An earlier prompt of `len` tokens is a strict prefix iff its full links match this
     // prompt's first links (the chain key) and its tail matches the tokens after them.
+    let mut best: Option<(usize, Instant)> = None;
     for (links, key) in keys.iter().enumerate() {
         let Some(bucket) = by_key.get(key) else {
             continue;
         };
         let start = links * LINK;
-        if bucket.iter().any(|r| {
-            r.len < tokens.len()
+        for r in bucket {
+            if r.len < tokens.len()
                 && r.len / LINK == links
                 && r.tail == tail_digest(&tokens[start..r.len])
-        }) {
-            return true;
+                && best.is_none_or(|(len, at)| (r.len, r.at) > (len, at))
+            {
+                best = Some((r.len, r.at));
+            }
         }
     }
-    false
+    best.map(|(_, at)| at)
 }
 
 /// The literal model: `tokens` is a follow-up iff one of the `earlier` prompts is a strict
@@ -201,21 +216,37 @@ mod tests {
         let system: Vec<u32> = (0..100).collect();
         let mut turn1 = system.clone();
         turn1.extend([500, 501, 502]);
-        assert!(!f.observe(&turn1));
+        let now = Instant::now();
+        assert!(f.observe(&turn1, now).is_none());
         let mut turn2 = turn1.clone();
         turn2.extend([900, 901]);
-        assert!(f.observe(&turn2));
+        assert!(f.observe(&turn2, now).is_some());
         // Another user after the same system prompt extends no earlier prompt.
         let mut other = system.clone();
         other.extend([600, 601, 602, 603]);
-        assert!(!f.observe(&other));
+        assert!(f.observe(&other, now).is_none());
         // The same prompt again is not a follow-up of itself.
-        assert!(!f.observe(&other));
+        assert!(f.observe(&other, now).is_none());
         let mut turn3 = turn2.clone();
         turn3.push(1);
         assert!(f.extends_earlier(&turn3));
         assert!(!f.extends_earlier(&[42; 30]));
         assert_eq!(f.counts(), (4, 1));
+    }
+
+    #[test]
+    fn a_follow_up_is_timed_from_its_conversations_previous_turn() {
+        let f = FollowUps::default();
+        let t0 = Instant::now();
+        let turn1: Vec<u32> = (0..40).collect();
+        let turn2: Vec<u32> = (0..70).collect();
+        let turn3: Vec<u32> = (0..90).collect();
+        assert_eq!(f.observe(&turn1, t0), None);
+        let gap = f.observe(&turn2, t0 + Duration::from_millis(300));
+        assert_eq!(gap, Some(Duration::from_millis(300)));
+        // Both earlier turns are prefixes of the third; the gap is from the second.
+        let gap = f.observe(&turn3, t0 + Duration::from_millis(1000));
+        assert_eq!(gap, Some(Duration::from_millis(700)));
     }
 
     #[test]
@@ -227,11 +258,11 @@ mod tests {
         for _ in 0..2_000 {
             let mut p: Vec<u32> = (next..next + 40).collect();
             next += 40;
-            f.observe(&p);
+            f.observe(&p, Instant::now());
             for _ in 0..3 {
                 p.extend(next..next + 20);
                 next += 20;
-                f.observe(&p);
+                f.observe(&p, Instant::now());
             }
         }
         let p = f.fraction();
@@ -256,14 +287,14 @@ mod tests {
     fn memory_is_bounded_and_the_oldest_prompt_is_forgotten_first() {
         let f = FollowUps::default();
         let first: Vec<u32> = (1..=20).collect();
-        f.observe(&first);
+        f.observe(&first, Instant::now());
         let second: Vec<u32> = (101..=120).collect();
-        f.observe(&second);
+        f.observe(&second, Instant::now());
         // Prompts with distinct first links: one key each.
         for i in 0..CAPACITY as u32 - 1 {
             let mut p = vec![7_000_000 + i];
             p.extend([0; LINK]);
-            f.observe(&p);
+            f.observe(&p, Instant::now());
         }
         assert!(
             !f.extends_earlier(&[first.as_slice(), &[4]].concat()),
@@ -303,7 +334,7 @@ mod tests {
             let f = FollowUps::default();
             for (i, p) in seq.iter().enumerate() {
                 let want = reference_is_follow_up(&seq[..i], p);
-                prop_assert_eq!(f.observe(p), want, "prompt {} of {:?}", i, seq);
+                prop_assert_eq!(f.observe(p, Instant::now()).is_some(), want, "prompt {} of {:?}", i, seq);
             }
         }
     }

@@ -1,0 +1,220 @@
+//! Conversations: the load a worker's live conversations will bring, and what one more
+//! conversation there costs their later turns and its own.
+//!
+//! Owns: [`TurnStats`] (the fleet's turn cycle `G`, the time from a prompt to its follow-up,
+//! and `S`, the prefill a follow-up costs on the worker it is sent to — both exponentially
+//! weighted means, learned from the traffic), [`Live`] (a worker's live conversations: one per
+//! conversation started or moved there, each fading with the expected remaining life of a
+//! conversation, `k · G` for `k` expected follow-ups) and [`conversation_cost_ms`].
+//!
+//! The model: each live conversation brings one follow-up of `S` ms of prefill per cycle of
+//! `G` ms, so `L` of them keep the worker's prefill busy a fraction `ρ = L · S / G`. A
+//! follow-up then waits, on average, what a queue with Poisson arrivals and service `S` makes
+//! it wait: `W(ρ) = S · ρ / (2 · (1 − ρ))` (M/D/1; linear past [`RHO_MAX`]). One more
+//! conversation's `k` turns wait `W(L·ρ₁)` each (`ρ₁ = S / G`), and each of the `L` already
+//! there waits `W(L·ρ₁) − W((L−1)·ρ₁)` more per turn: a worker that just took several new
+//! conversations is priced with the turns they will bring, before its queue shows them.
+//! Invariants: every figure is finite and non-negative; the cost is 0 with no follow-ups
+//! expected or nothing learned yet, and grows with the live conversations.
+//! Must not: read the index or sockets; the caller brings times and numbers.
+
+use parking_lot::Mutex;
+use std::time::{Duration, Instant};
+
+/// Weight of the newest observation in the turn cycle and the follow-up prefill: the same
+/// forgetting as the follow-up fraction (about the last 350 follow-ups).
+const WEIGHT: f64 = 1.0 - super::ttft::FORGET;
+/// The utilisation past which the queueing model stops following `1 / (1 − ρ)` (a queue that
+/// grows without bound): beyond it the wait grows along its tangent, finite and convex.
+pub const RHO_MAX: f64 = 0.95;
+
+#[derive(Debug, Default)]
+struct Means {
+    gap_ms: Option<f64>,
+    prefill_ms: Option<f64>,
+}
+
+/// The fleet's turn cycle and follow-up prefill.
+#[derive(Debug, Default)]
+pub struct TurnStats {
+    inner: Mutex<Means>,
+}
+
+fn update(mean: &mut Option<f64>, x: f64) {
+    if !x.is_finite() || x < 0.0 {
+        return;
+    }
+    *mean = Some(match *mean {
+        Some(m) => m + WEIGHT * (x - m),
+        None => x,
+    });
+}
+
+impl TurnStats {
+    /// A follow-up arrived `gap` after the prompt it extends.
+    pub fn observe_gap(&self, gap: Duration) {
+        update(&mut self.inner.lock().gap_ms, gap.as_secs_f64() * 1e3);
+    }
+
+    /// A follow-up was sent where its own prefill is predicted to take `ms`.
+    pub fn observe_prefill(&self, ms: f64) {
+        update(&mut self.inner.lock().prefill_ms, ms);
+    }
+
+    /// (turn cycle `G`, follow-up prefill `S`) in ms, once both were seen.
+    pub fn cycle(&self) -> Option<(f64, f64)> {
+        let g = self.inner.lock();
+        match (g.gap_ms, g.prefill_ms) {
+            (Some(gap), Some(s)) if gap > 0.0 => Some((gap, s)),
+            _ => None,
+        }
+    }
+}
+
+/// A worker's live conversations, each fading with the expected remaining life of a
+/// conversation.
+#[derive(Debug, Default)]
+pub struct Live {
+    inner: Mutex<Option<(f64, Instant)>>,
+}
+
+fn faded(weight: f64, since: Duration, life_ms: f64) -> f64 {
+    if life_ms <= 0.0 || !life_ms.is_finite() {
+        return 0.0;
+    }
+    weight * (-(since.as_secs_f64() * 1e3) / life_ms).exp()
+}
+
+impl Live {
+    /// A conversation started (or moved) here at `now`; `life_ms` is a conversation's
+    /// expected remaining life.
+    pub fn add(&self, now: Instant, life_ms: f64) {
+        let mut g = self.inner.lock();
+        let before = g.map_or(0.0, |(w, t)| {
+            faded(w, now.saturating_duration_since(t), life_ms)
+        });
+        *g = Some((before + 1.0, now.max(g.map_or(now, |(_, t)| t))));
+    }
+
+    /// The expected number of conversations still living here at `now`.
+    pub fn count(&self, now: Instant, life_ms: f64) -> f64 {
+        self.inner.lock().map_or(0.0, |(w, t)| {
+            faded(w, now.saturating_duration_since(t), life_ms)
+        })
+    }
+}
+
+/// The mean wait of a follow-up in a queue kept busy a fraction `rho` by follow-ups of `s`
+/// ms each: `s · ρ / (2 · (1 − ρ))`, continued along its tangent past [`RHO_MAX`].
+pub fn follow_up_wait_ms(rho: f64, s: f64) -> f64 {
+    if !rho.is_finite() || !s.is_finite() || s <= 0.0 {
+        return 0.0;
+    }
+    let r = rho.max(0.0);
+    if r <= RHO_MAX {
+        return s * r / (2.0 * (1.0 - r));
+    }
+    let at = s * RHO_MAX / (2.0 * (1.0 - RHO_MAX));
+    let slope = s / (2.0 * (1.0 - RHO_MAX) * (1.0 - RHO_MAX));
+    at + slope * (r - RHO_MAX)
+}
+
+/// What one more conversation on a worker with `live` conversations costs the later turns
+/// there, its own and theirs, over `k` expected follow-ups (turn cycle `gap`, follow-up
+/// prefill `s`, both ms): `k · (W(L·ρ₁) + L · (W(L·ρ₁) − W((L−1)·ρ₁)))`, and its own part.
+pub fn conversation_cost_ms(live: f64, k: f64, gap: f64, s: f64) -> (f64, f64) {
+    if !(k > 0.0 && gap > 0.0 && s > 0.0 && live.is_finite()) {
+        return (0.0, 0.0);
+    }
+    let l = live.max(0.0);
+    let rho1 = s / gap;
+    let own = follow_up_wait_ms(l * rho1, s);
+    let theirs = l * (own - follow_up_wait_ms((l - 1.0).max(0.0) * rho1, s));
+    let cost = k * (own + theirs.max(0.0));
+    if cost.is_finite() {
+        (cost, k * own)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn an_idle_worker_costs_a_new_conversation_nothing() {
+        assert_eq!(conversation_cost_ms(0.0, 5.0, 1000.0, 50.0), (0.0, 0.0));
+        // Nothing learned, or no follow-ups expected: no charge.
+        assert_eq!(conversation_cost_ms(4.0, 0.0, 1000.0, 50.0), (0.0, 0.0));
+        assert_eq!(conversation_cost_ms(4.0, 5.0, 0.0, 50.0), (0.0, 0.0));
+    }
+
+    #[test]
+    fn a_worker_with_more_live_conversations_costs_more() {
+        // Follow-ups of 50 ms every second: each conversation keeps the worker 5 % busy.
+        let (one, _) = conversation_cost_ms(1.0, 5.0, 1000.0, 50.0);
+        let (ten, own) = conversation_cost_ms(10.0, 5.0, 1000.0, 50.0);
+        assert!(one > 0.0 && ten > 3.0 * one, "{one} {ten}");
+        // Ten conversations: ρ = 0.5, each turn waits 25 ms; five turns: 125 ms of its own.
+        assert!((own - 125.0).abs() < 1e-9, "{own}");
+    }
+
+    #[test]
+    fn the_wait_follows_the_mdone_formula_and_stays_finite_past_saturation() {
+        assert_eq!(follow_up_wait_ms(0.0, 50.0), 0.0);
+        assert!((follow_up_wait_ms(0.5, 50.0) - 25.0).abs() < 1e-9);
+        let at = follow_up_wait_ms(RHO_MAX, 50.0);
+        let past = follow_up_wait_ms(3.0, 50.0);
+        assert!(past.is_finite() && past > at && at > follow_up_wait_ms(0.9, 50.0));
+        assert_eq!(follow_up_wait_ms(f64::NAN, 50.0), 0.0);
+    }
+
+    #[test]
+    fn live_conversations_fade_with_their_expected_life() {
+        let live = Live::default();
+        let t0 = Instant::now();
+        live.add(t0, 1000.0);
+        live.add(t0, 1000.0);
+        assert!((live.count(t0, 1000.0) - 2.0).abs() < 1e-9);
+        let later = live.count(t0 + Duration::from_millis(1000), 1000.0);
+        assert!((later - 2.0 * (-1.0f64).exp()).abs() < 1e-9, "{later}");
+        assert_eq!(live.count(t0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn the_turn_cycle_is_learned_from_follow_ups() {
+        let s = TurnStats::default();
+        assert_eq!(s.cycle(), None);
+        for _ in 0..10 {
+            s.observe_gap(Duration::from_millis(800));
+            s.observe_prefill(40.0);
+        }
+        s.observe_prefill(f64::NAN);
+        assert_eq!(s.cycle(), Some((800.0, 40.0)));
+    }
+
+    proptest! {
+        #[test]
+        fn the_cost_is_finite_and_grows_with_the_live_conversations(
+            live in 0.0f64..100.0, more in 0.0f64..10.0, k in 0.0f64..16.0,
+            gap in 1.0f64..1e5, s in 0.1f64..1e4,
+        ) {
+            let (a, own_a) = conversation_cost_ms(live, k, gap, s);
+            let (b, own_b) = conversation_cost_ms(live + more, k, gap, s);
+            prop_assert!(a.is_finite() && a >= 0.0 && own_a <= a + 1e-9);
+            prop_assert!(b + 1e-9 >= a, "{} then {}", a, b);
+            prop_assert!(own_b + 1e-9 >= own_a);
+        }
+
+        #[test]
+        fn the_wait_is_convex_so_each_conversation_costs_more_than_the_last(
+            rho in 0.0f64..3.0, d in 0.001f64..0.5, s in 0.1f64..1e3,
+        ) {
+            let w = |r: f64| follow_up_wait_ms(r, s);
+            let (a, b, c) = (w(rho), w(rho + d), w(rho + 2.0 * d));
+            prop_assert!(b >= a && c - b + 1e-9 * c.max(1.0) >= b - a, "{} {} {}", a, b, c);
+        }
+    }
+}
