@@ -55,8 +55,9 @@ fi
 if [ ! -x "$VENVS/vr/bin/vllm-router" ]; then
   python3 -m venv "$VENVS/vr" && "$VENVS/vr/bin/pip" install --quiet --disable-pip-version-check vllm-router==0.1.17
 fi
-cargo build --release --locked -p kvroute
-KV=target/release/kvroute
+# KVROUTE_BIN: a kvroute binary built already (else this tree is built).
+if [ -z "${KVROUTE_BIN:-}" ]; then cargo build --release --locked -p kvroute; fi
+KV=${KVROUTE_BIN:-target/release/kvroute}
 
 # --- the matrix's axes ---------------------------------------------------------------------
 # Pool sizes in blocks per worker: roomy holds a workload's working set, tight forces eviction.

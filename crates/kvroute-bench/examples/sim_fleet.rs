@@ -89,6 +89,7 @@ fn run(preset: &str) {
                 cache_salt: None,
                 skip_prefix_cache: false,
                 lora: None,
+                remote_kv: None,
             })
             .is_err()
             {

@@ -100,6 +100,19 @@ pub struct NewRequest {
     /// The LoRA adapter the request runs with: its blocks hash with `("lora", name, path)`
     /// and its stores name it.
     pub lora: Option<Lora>,
+    /// Disaggregated decode: the prompt's KV comes from a prefill worker.
+    pub remote_kv: Option<RemoteKv>,
+}
+
+/// A decode worker's request whose prompt was prefilled elsewhere (vLLM's
+/// `do_remote_prefill`): at its first scheduling the tokens beyond the local hit, but the last,
+/// are pulled (at `kv_transfer_token_s` each, beside the steps) instead of computed; the last
+/// token is computed to produce the first output. The request reports the prefill worker's
+/// cached tokens as its own, as vLLM's decode worker does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteKv {
+    /// The prefill worker's `num_cached_tokens` (`remote_prefill_cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 /// A LoRA adapter as vLLM's `LoRARequest` names it.
@@ -186,6 +199,10 @@ struct Req {
     arrival: f64,
     first_token: Option<f64>,
     preemptions: u32,
+    /// Disaggregated decode, until its first scheduling pulls the prompt.
+    remote: Option<RemoteKv>,
+    /// When the pulled KV has arrived (simulated seconds); the request waits until then.
+    ready_at: Option<f64>,
 }
 
 impl Req {
@@ -283,6 +300,15 @@ impl Engine {
         self.waiting.len()
     }
 
+    /// The earliest time a request waiting for pulled KV can run (simulated seconds).
+    pub fn next_ready_at(&self) -> Option<f64> {
+        self.running
+            .iter()
+            .filter_map(|h| self.reqs.get(h)?.ready_at)
+            .filter(|t| *t > self.now)
+            .min_by(f64::total_cmp)
+    }
+
     pub fn has_work(&self) -> bool {
         !self.running.is_empty() || !self.waiting.is_empty()
     }
@@ -334,6 +360,8 @@ impl Engine {
             arrival: self.now,
             first_token: None,
             preemptions: 0,
+            remote: r.remote_kv,
+            ready_at: None,
         };
         Self::update_hashes(
             &self.hasher,
@@ -480,6 +508,11 @@ impl Engine {
                 self.running.remove(i);
                 continue;
             };
+            if r.ready_at.is_some_and(|t| t > self.now) {
+                // Its KV is still being pulled.
+                i += 1;
+                continue;
+            }
             let mut n = (r.tokens.len() - r.num_computed).min(budget);
             n = n.min(max_len.saturating_sub(r.num_computed + 1));
             if mamba {
@@ -543,6 +576,32 @@ impl Engine {
                     r.junction = junction;
                 }
                 let r = &self.reqs[&handle];
+                if let Some(remote) = r.remote.filter(|_| !r.skip) {
+                    // Pull every prompt token beyond the hit but the last; none of the budget.
+                    let load = (r.tokens.len() - 1).saturating_sub(hit.tokens);
+                    if load > 0 {
+                        let ctx = Self::ctx(r, self.lookahead);
+                        if self
+                            .kv
+                            .allocate_slots(&ctx, 0, load, hit.tokens, hit.blocks.as_deref(), true)
+                            .is_none()
+                        {
+                            break;
+                        }
+                        self.stats.prefix_cache_queries += r.tokens.len() as u64;
+                        self.stats.prefix_cache_hits += hit.tokens as u64;
+                        let ready = self.now + load as f64 * self.cfg.time.kv_transfer_token_s;
+                        self.waiting.pop_front();
+                        self.running.push(handle);
+                        if let Some(r) = self.reqs.get_mut(&handle) {
+                            r.num_cached_tokens = Some(remote.cached_tokens);
+                            r.num_computed = hit.tokens + load;
+                            r.ready_at = Some(ready);
+                            r.remote = None;
+                        }
+                        continue;
+                    }
+                }
                 let mut n = (r.tokens.len() - hit.tokens).min(budget);
                 if mamba {
                     n = self.mamba_split(r, n, hit.tokens);
@@ -566,8 +625,12 @@ impl Engine {
                 self.running.push(handle);
                 if let Some(r) = self.reqs.get_mut(&handle) {
                     if r.num_cached_tokens.is_none() {
-                        r.num_cached_tokens = Some(hit.tokens);
+                        // A decode request whose prompt is all local still reports the
+                        // prefill worker's count.
+                        let reported = r.remote.map_or(hit.tokens, |x| x.cached_tokens);
+                        r.num_cached_tokens = Some(reported);
                     }
+                    r.remote = None;
                     r.num_computed = hit.tokens;
                 }
                 scheduled.push((handle, n));

@@ -5,14 +5,17 @@
 //! `forced_output_token_ids`, `return_token_ids`, SSE streaming), `/v1/chat/completions`
 //! (streaming and not), `/v1/models`, `/health`, `/version`, `/tokenize`, `/detokenize`, `/metrics`,
 //! `/v1/completions/render` and `/v1/chat/completions/render`, `/kv_event_sources`,
-//! `/reset_prefix_cache`, and `/admin/{cache,requests,faults,restart,pause,resume}`.
+//! `/reset_prefix_cache`, `/admin/{cache,requests,faults,restart,pause,resume}`, and, with a
+//! KV transfer role, `kv_transfer_params` on both completion endpoints and `/admin/kv_pull`
+//! (the side channel decode workers pull a prefill worker's KV through, [`crate::disagg`]).
 //! Invariants: every response carries `usage.prompt_tokens_details.cached_tokens` (the
 //! request's `num_cached_tokens`; in streams, on the final chunk); every error — malformed
 //! bodies, unknown routes, bodies over the worker's bound — is answered in vLLM's error shape,
 //! and nothing a client sends panics; a client that goes away aborts its request.
 //! Must not: hold engine locks across awaits (it only submits and reads channels).
 
-use crate::engine::{NewRequest, TokenOut};
+use crate::disagg::{self, Ask};
+use crate::engine::{NewRequest, RemoteKv, TokenOut};
 use crate::tokens::{self, Message};
 use crate::worker::{Submission, Worker};
 use axum::body::Bytes;
@@ -120,6 +123,7 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/admin/restart", post(admin_restart))
         .route("/admin/pause", post(admin_pause))
         .route("/admin/resume", post(admin_resume))
+        .route("/admin/kv_pull", post(admin_kv_pull))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "Not Found") })
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(worker)
@@ -433,6 +437,7 @@ fn common(body: &Value, prompt: Vec<u32>, w: &Worker, chat: bool) -> Result<Comm
                 .get("model")
                 .and_then(Value::as_str)
                 .and_then(|m| w.config().lora(m)),
+            remote_kv: None,
         },
     })
 }
@@ -452,18 +457,27 @@ fn model_name(body: &Value, w: &Worker) -> String {
         .map_or_else(|| w.config().model.clone(), str::to_string)
 }
 
-async fn completions(State(w): W, body: Body) -> Response {
-    serve(w, body, false).await
+async fn completions(State(w): W, headers: axum::http::HeaderMap, body: Body) -> Response {
+    serve(w, &headers, body, false).await
 }
 
-async fn chat(State(w): W, body: Body) -> Response {
-    serve(w, body, true).await
+async fn chat(State(w): W, headers: axum::http::HeaderMap, body: Body) -> Response {
+    serve(w, &headers, body, true).await
 }
 
-async fn serve(w: Arc<Worker>, body: Body, chat: bool) -> Response {
+async fn serve(
+    w: Arc<Worker>,
+    headers: &axum::http::HeaderMap,
+    body: Body,
+    chat: bool,
+) -> Response {
     let body = match parse_body(&body) {
         Ok(b) => b,
         Err(r) => return r.into_response(),
+    };
+    let ask = match disagg::ask(&body, w.config().kv_transfer.as_ref()) {
+        Ok(a) => a,
+        Err(m) => return bad(m).into_response(),
     };
     let v = vocab(&w);
     let prompt = if chat {
@@ -491,6 +505,44 @@ async fn serve(w: Arc<Worker>, body: Body, chat: bool) -> Response {
     c.req.id = id.clone();
     let prompt_len = c.req.prompt.len();
     let prompt_ids = c.req.prompt.clone();
+    // A prefill worker answers a non-streaming request with the parameters to pull it by
+    // (vLLM sends them on the final non-streaming response only); its side channel is its
+    // address as the proxy named it.
+    let producer = match (&ask, &w.config().kv_transfer) {
+        (Ask::PrefillForRemote, Some(cfg)) if !c.stream => Some(Producer {
+            cfg: cfg.clone(),
+            side_channel: headers
+                .get(axum::http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("127.0.0.1")
+                .to_string(),
+            worker: w.clone(),
+        }),
+        _ => None,
+    };
+    if let Ask::DecodeFromRemote(remote) = &ask {
+        match disagg::pull(w.client(), remote).await {
+            Ok(n) if n == prompt_len => {
+                c.req.remote_kv = Some(RemoteKv {
+                    cached_tokens: remote.cached_tokens,
+                })
+            }
+            Ok(n) => {
+                return bad(format!(
+                    "the prompt ({prompt_len} tokens) is not the one prefilled remotely ({n} \
+                     tokens)"
+                ))
+                .into_response()
+            }
+            Err(m) => {
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("KV transfer failed: {m}"),
+                )
+                .into_response()
+            }
+        }
+    }
     let sub = match w.submit(c.req) {
         Ok(s) => s,
         Err(e) => return bad(e.to_string()).into_response(),
@@ -503,6 +555,7 @@ async fn serve(w: Arc<Worker>, body: Body, chat: bool) -> Response {
         prompt_len,
         include_usage: c.include_usage,
         return_token_ids: c.return_token_ids.then_some(prompt_ids),
+        producer,
     };
     let _ = c.max_tokens;
     if c.stream {
@@ -520,6 +573,14 @@ struct Meta {
     prompt_len: usize,
     include_usage: bool,
     return_token_ids: Option<Vec<u32>>,
+    /// A prefill worker's request for a decode worker: its KV is leased when it finishes.
+    producer: Option<Producer>,
+}
+
+struct Producer {
+    cfg: disagg::KvTransfer,
+    side_channel: String,
+    worker: Arc<Worker>,
 }
 
 fn sim_extension(sub: &Submission, t: &TokenOut) -> Value {
@@ -553,6 +614,7 @@ async fn whole(mut sub: Submission, meta: Meta) -> Response {
         .into_response();
     };
     let text = tokens::detokenize(&ids);
+    let request_id = meta.id.clone();
     let choice = if meta.chat {
         json!({
             "index": 0,
@@ -583,6 +645,26 @@ async fn whole(mut sub: Submission, meta: Meta) -> Response {
     });
     if let Some(p) = meta.return_token_ids {
         body["prompt_token_ids"] = json!(p);
+    }
+    if let Some(p) = meta.producer {
+        p.worker
+            .leases()
+            .grant(&request_id, meta.prompt_len, std::time::Instant::now());
+        let block = p
+            .worker
+            .config()
+            .engine
+            .spec
+            .params()
+            .map_or(16, |x| x.hash_block as usize);
+        body["kv_transfer_params"] = disagg::producer_params(
+            &p.cfg,
+            &request_id,
+            &p.side_channel,
+            meta.prompt_len,
+            last.num_cached_tokens,
+            block,
+        );
     }
     Json(body).into_response()
 }
@@ -714,6 +796,42 @@ async fn admin_restart(State(w): W, body: Body) -> Response {
     match w.restart(clear) {
         Ok(()) => Json(json!({ "restarted": true, "clear_cache": clear })).into_response(),
         Err(e) => bad(e.to_string()).into_response(),
+    }
+}
+
+/// `POST /admin/kv_pull` `{remote_engine_id, remote_request_id}`: a decode worker takes the
+/// KV this prefill worker holds for the request (`{"num_tokens": N}`), once, within the lease.
+async fn admin_kv_pull(State(w): W, body: Body) -> Response {
+    let b = match parse_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    let Some(cfg) = w
+        .config()
+        .kv_transfer
+        .as_ref()
+        .filter(|c| c.role.produces())
+    else {
+        return error(StatusCode::NOT_FOUND, "this worker prefills for nobody").into_response();
+    };
+    let engine = b.get("remote_engine_id").and_then(Value::as_str);
+    if engine != Some(cfg.engine_id.as_str()) {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("engine {engine:?} is not this worker ({})", cfg.engine_id),
+        )
+        .into_response();
+    }
+    let Some(id) = b.get("remote_request_id").and_then(Value::as_str) else {
+        return bad("`remote_request_id` must be a string").into_response();
+    };
+    match w.leases().take(id, std::time::Instant::now()) {
+        Some(n) => Json(json!({ "num_tokens": n })).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("no KV held for request {id}: never prefilled here, pulled, or expired"),
+        )
+        .into_response(),
     }
 }
 

@@ -6,13 +6,15 @@
 //! 0.33's lookahead hashes); its scheduler
 //! and a step time model (`engine`, `timing`); the layouts and presets (`spec`); the ZMQ event
 //! publisher (`wire`, `publisher`); the OpenAI-compatible HTTP server with metrics and fault
-//! hooks (`http`, `worker`); and the in-process fleet API (`fleet`). docs/sim.md is the
+//! hooks (`http`, `worker`); disaggregated prefill and decode over NixlConnector's protocol
+//! (`disagg`); and the in-process fleet API (`fleet`). docs/sim.md is the
 //! reference.
 //! Invariants: the simulator's reported hit is the engine's hit computed by vLLM's rules over
 //! the simulator's own pool, and every cache change is published as vLLM would publish it.
 //! Must not: depend on the router's crates beyond the shared hashing and event model.
 
 pub mod cache;
+pub mod disagg;
 pub mod engine;
 pub mod error;
 pub mod fleet;
@@ -28,7 +30,8 @@ pub mod wire;
 pub mod worker;
 pub mod zmtp;
 
-pub use engine::{Engine, EngineConfig, Lookup, Lora, NewRequest, StepOutcome, TokenOut};
+pub use disagg::{KvRole, KvTransfer};
+pub use engine::{Engine, EngineConfig, Lookup, Lora, NewRequest, RemoteKv, StepOutcome, TokenOut};
 pub use error::SimError;
 pub use fleet::{serve, start_worker, Fleet, FleetOptions, SimHandle};
 pub use publisher::{PublisherConfig, ReplayLayout};

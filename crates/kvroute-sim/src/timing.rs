@@ -2,7 +2,8 @@
 //!
 //! Owns: `TimeModel` (a fixed cost per step, a cost per prefill token, attention's quadratic
 //! term over the prefill context, a cost per decoding sequence and per context token it
-//! reads) and `StepWork`, the tally of one step.
+//! reads, and the time a disaggregated decode worker takes to pull one token's KV from its
+//! prefill worker) and `StepWork`, the tally of one step.
 //! Invariants: durations are non-negative and grow with every term; the defaults are the
 //! calibration documented in docs/sim.md.
 //! Must not: sleep (the worker runtime turns simulated time into wall time).
@@ -23,6 +24,16 @@ pub struct TimeModel {
     pub decode_seq_s: f64,
     /// Cost per context token a decoding sequence reads (KV bandwidth).
     pub decode_context_token_s: f64,
+    /// Time to pull one prompt token's KV from a prefill worker (disaggregated serving; the
+    /// pull runs beside the decode worker's steps, as NIXL's does).
+    #[serde(default = "default_kv_transfer_token_s")]
+    pub kv_transfer_token_s: f64,
+}
+
+/// 5 µs a token: an 8B-class model's KV (about 128 KiB a token: 32 layers × 8 KV heads × 128
+/// dims × K and V × 2 bytes) over a 25 GB/s RDMA link, order of magnitude only.
+fn default_kv_transfer_token_s() -> f64 {
+    5e-6
 }
 
 impl Default for TimeModel {
@@ -33,6 +44,7 @@ impl Default for TimeModel {
             attention_pair_s: 2e-9,
             decode_seq_s: 0.2e-3,
             decode_context_token_s: 5e-9,
+            kv_transfer_token_s: default_kv_transfer_token_s(),
         }
     }
 }

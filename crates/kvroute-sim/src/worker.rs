@@ -1,15 +1,17 @@
 //! One simulated worker at run time: its DP ranks (an engine and a publisher each), the engine
 //! loops that turn simulated step time into wall time, request submission and the fault hooks.
 //!
-//! Owns: `WorkerConfig` (with the LoRA adapters served, `LoraModule`), `Worker` (start,
-//! submit, pause/resume, publisher restart and faults, prefix-cache reset, the true cache
-//! state, metrics), one tokio task per rank.
+//! Owns: `WorkerConfig` (with the LoRA adapters served, `LoraModule`, and the KV transfer
+//! role), `Worker` (start, submit, pause/resume, publisher restart and faults, prefix-cache
+//! reset, the true cache state, metrics, the KV leases of a prefill worker), one tokio task
+//! per rank.
 //! Invariants: a rank steps only while it has work and is not paused; each step's events are
 //! published after the step's (scaled) duration has passed, then its tokens are delivered; a
 //! request whose receiver is gone is aborted and its blocks freed; simulated time never runs
 //! ahead of wall time × speed-up by more than one step.
 //! Must not: parse HTTP or know OpenAI shapes (that is `http`).
 
+use crate::disagg::{KvTransfer, Leases};
 use crate::engine::{Engine, EngineConfig, NewRequest, TokenOut};
 use crate::error::SimError;
 use crate::publisher::{Publisher, PublisherConfig};
@@ -38,6 +40,8 @@ pub struct WorkerConfig {
     pub max_body_bytes: usize,
     /// LoRA adapters served beside the base model (vLLM's `--lora-modules`), in load order.
     pub lora_modules: Vec<LoraModule>,
+    /// Disaggregated serving (vLLM's `--kv-transfer-config`, [`crate::disagg`]).
+    pub kv_transfer: Option<KvTransfer>,
 }
 
 /// One `--lora-modules name=path` entry.
@@ -81,6 +85,7 @@ impl WorkerConfig {
             speedup: 1.0,
             max_body_bytes: crate::http::MAX_BODY_BYTES,
             lora_modules: Vec::new(),
+            kv_transfer: None,
         })
     }
 
@@ -145,6 +150,10 @@ pub(crate) struct Shared {
     pub e2e: Mutex<Histogram>,
     /// The last [`FINISHED_KEPT`] finished requests, oldest first, and how many finished in all.
     finished: Mutex<(VecDeque<FinishedRecord>, u64)>,
+    /// Prefill worker: the KV held for decode workers to pull.
+    leases: Leases,
+    /// Decode worker: the client its pulls go through.
+    client: reqwest::Client,
 }
 
 /// How many finished requests `/admin/requests` keeps.
@@ -264,6 +273,8 @@ impl Worker {
             ttft: Mutex::new(Histogram::default()),
             e2e: Mutex::new(Histogram::default()),
             finished: Mutex::new((VecDeque::new(), 0)),
+            leases: Leases::default(),
+            client: reqwest::Client::new(),
         });
         let tasks = (0..shared.ranks.len())
             .map(|r| tokio::spawn(run_rank(shared.clone(), r)))
@@ -273,6 +284,16 @@ impl Worker {
 
     pub fn config(&self) -> &WorkerConfig {
         &self.shared.cfg
+    }
+
+    /// The KV this worker holds for decode workers (a prefill worker's).
+    pub fn leases(&self) -> &Leases {
+        &self.shared.leases
+    }
+
+    /// The HTTP client a decode worker pulls KV with.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.shared.client
     }
 
     /// Queues a request on the least loaded rank.
@@ -490,11 +511,18 @@ async fn run_rank(shared: Arc<Shared>, r: usize) {
             e.step()
         };
         if out.scheduled_tokens == 0 {
-            // Nothing fits right now (pool full, Mamba deferral): do not spin.
+            // Nothing fits right now (pool full, Mamba deferral, KV still being pulled): do
+            // not spin; wake when a pull completes, or in 5 ms.
             if let Some(p) = &rank.publisher {
                 p.publish(unix_now(), out.events);
             }
-            let _ = tokio::time::timeout(Duration::from_millis(5), wake).await;
+            let pull = {
+                let e = rank.engine.lock();
+                e.next_ready_at()
+                    .map(|t| (t - e.now()) / shared.cfg.speedup)
+            };
+            let wait = pull.map_or(0.005, |s| s.clamp(0.000_05, 0.005));
+            let _ = tokio::time::timeout(Duration::from_secs_f64(wait), wake).await;
             continue;
         }
         let wall = out.duration_s / shared.cfg.speedup;

@@ -36,6 +36,7 @@ fn replay(name: &str) -> (usize, Vec<String>, Vec<String>) {
                     cache_salt: r.cache_salt.clone(),
                     skip_prefix_cache: false,
                     lora: r.lora(),
+                    remote_kv: None,
                 })
                 .unwrap();
             let mut batches: Vec<Vec<Event>> = Vec::new();

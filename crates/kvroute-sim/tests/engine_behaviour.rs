@@ -133,3 +133,59 @@ fn a_reused_prefix_shortens_the_simulated_time_to_first_token() {
     let warm = ttft(&mut e);
     assert!(warm < cold / 5.0, "cold {cold} warm {warm}");
 }
+
+/// Steps until idle, moving the clock to the next pulled KV's arrival when nothing can run.
+fn run_with_pulls(e: &mut Engine) -> Vec<kvroute_sim::TokenOut> {
+    let mut tokens = Vec::new();
+    for _ in 0..100_000 {
+        if !e.has_work() {
+            break;
+        }
+        let out = e.step();
+        if out.scheduled_tokens == 0 {
+            let next = e.next_ready_at().expect("a request waits for its pull");
+            e.advance_to(next);
+        }
+        tokens.extend(out.tokens);
+    }
+    tokens
+}
+
+#[test]
+fn a_decode_request_pulls_its_prompt_computes_only_the_last_token_and_reports_the_prefills_hit() {
+    for preset in ["llama", "qwen3-next"] {
+        let cfg = EngineConfig::for_preset(preset).unwrap();
+        let per_token = cfg.time.kv_transfer_token_s;
+        let p: Vec<u32> = (0..3000).map(|i| i % 1000 + 3).collect();
+        let mut local = Engine::new(cfg.clone()).unwrap();
+        local.add_request(req(p.clone(), 2)).unwrap();
+        let computed = run_with_pulls(&mut local);
+        let mut decode = Engine::new(cfg).unwrap();
+        let mut r = req(p.clone(), 2);
+        r.remote_kv = Some(kvroute_sim::RemoteKv { cached_tokens: 123 });
+        decode.add_request(r).unwrap();
+        let pulled = run_with_pulls(&mut decode);
+        let done = |t: &[kvroute_sim::TokenOut]| {
+            t.iter()
+                .find_map(|t| t.finished.clone().map(|f| (f, t.num_cached_tokens)))
+                .unwrap()
+        };
+        let ((fc, cached_c), (fp, cached_p)) = (done(&computed), done(&pulled));
+        assert_eq!((cached_c, cached_p), (0, 123), "{preset}");
+        assert_eq!(fp.completion_tokens, 2);
+        // The pull of 2,999 tokens, then one token's step: far less than the prefill.
+        assert!(fp.ttft_s >= 2999.0 * per_token, "{preset}: {}", fp.ttft_s);
+        assert!(
+            fp.ttft_s < fc.ttft_s / 4.0,
+            "{preset}: {} vs {}",
+            fp.ttft_s,
+            fc.ttft_s
+        );
+        if preset == "llama" {
+            // The pulled blocks are cached: the same prefix hits on the decode worker now.
+            let mut next = p.clone();
+            next.extend([7, 8, 9]);
+            assert_eq!(decode.peek_hit(&next, None, None), 2992);
+        }
+    }
+}

@@ -218,6 +218,7 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
                     cache_salt: salt.clone(),
                     skip_prefix_cache: false,
                     lora: lora.clone(),
+                    remote_kv: None,
                 })
                 .unwrap();
             live.insert(

@@ -355,8 +355,13 @@ impl Ctx<'_, '_> {
             })?),
         };
         let token_ids = self.token_ids(f)?;
+        // vLLM's OffloadingConnector announces each CPU chunk with its last block's hash, no
+        // tokens and block size 0: a tier entry, kept (tiers are hash sets, their block size is
+        // not used). A device store needs a real block size.
+        let tier = !kvroute_index::event::is_device_medium(medium.as_deref());
         let block_size = match f.head(F::BlockSize) {
             Some((Head::Uint(v), _)) if v >= 1 && v <= u64::from(u32::MAX) => v as u32,
+            Some((Head::Uint(0), _)) if tier => 0,
             other => {
                 return Err((
                     DropReason::InvalidBlockSize,

@@ -245,6 +245,45 @@ fn unknown_kind_strings_and_offload_mediums_are_kept_verbatim() {
 }
 
 #[test]
+fn an_offloading_connectors_cpu_chunk_with_no_tokens_and_block_size_0_is_kept_for_its_tier() {
+    // What vLLM 0.32's OffloadingConnector publishes for a CPU chunk by default: the chunk's
+    // last block hash, no parent, no tokens, block size 0, its group.
+    let b = decode(&batch(
+        vec![map_event(
+            stored_fields(&[77], 3),
+            &[
+                ("token_ids", Some(M::A(vec![]))),
+                ("block_size", Some(M::U(0))),
+                ("medium", Some(s("CPU"))),
+                ("kv_cache_spec_kind", None),
+                ("kv_cache_spec_sliding_window", None),
+                ("extra_keys", Some(M::Nil)),
+            ],
+        )],
+        0,
+    ));
+    let s0 = only_store(&b);
+    assert_eq!(s0.medium.as_deref(), Some("CPU"));
+    assert_eq!((s0.block_size, s0.group), (0, Some(3)));
+    assert_eq!(s0.hashes, vec![EngineHash::int(77)]);
+    // The same event on the device tier has no usable block size.
+    let device = decode_batch(
+        &w(),
+        &batch(
+            vec![map_event(
+                stored_fields(&[77], 3),
+                &[("block_size", Some(M::U(0))), ("medium", Some(s("GPU")))],
+            )],
+            0,
+        ),
+        Dialect::Vllm,
+    )
+    .expect("decodes");
+    assert!(device.events.is_empty());
+    assert_eq!(device.drops.len(), 1);
+}
+
+#[test]
 fn extra_keys_become_one_key_value_per_hash() {
     let entry = M::A(vec![
         s("lora-a"),

@@ -87,6 +87,11 @@ pub struct SimWorkerArgs {
     /// the adapter: its blocks hash with `("lora", name, path)` and its stores name it.
     #[arg(long, num_args = 1..)]
     lora_modules: Vec<kvroute_sim::LoraModule>,
+    /// Disaggregated serving, as vLLM's `--kv-transfer-config`:
+    /// `{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}` (a prefill worker),
+    /// `"kv_consumer"` (a decode worker) or `"kv_both"`; `engine_id` optional.
+    #[arg(long)]
+    kv_transfer_config: Option<kvroute_sim::KvTransfer>,
 }
 
 fn parse_engine(s: &str) -> Result<kvroute_index::Engine, String> {
@@ -127,6 +132,7 @@ fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
     e.speculative = a.speculative_config.clone();
     e.spec.params()?;
     cfg.lora_modules = a.lora_modules.clone();
+    cfg.kv_transfer = a.kv_transfer_config.clone();
     if let Some(name) = &a.served_model_name {
         cfg.model = name.clone();
     }

@@ -96,6 +96,34 @@ pub struct WorkerSpec {
     /// (adapters listed with a `parent`, `root` the path) adds and overrides these.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub lora_modules: BTreeMap<String, String>,
+    /// Its part in disaggregated serving ([`Role`]).
+    #[serde(default)]
+    pub role: Role,
+}
+
+/// A worker's part in disaggregated serving. A model with `prefill` and `decode` workers is
+/// served in two legs: the prompt on a prefill worker (its engine a KV producer), the answer
+/// on a decode worker (a KV consumer) that pulls the prefill worker's KV; `both` workers serve
+/// requests whole, as do prefill or decode workers of a model that lacks the other role.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    #[default]
+    Both,
+    Prefill,
+    Decode,
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "both" => Ok(Role::Both),
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            _ => Err(format!("unknown role {s:?} (both | prefill | decode)")),
+        }
+    }
 }
 
 /// A worker's speculative decoding, as the spec gives it.
@@ -192,6 +220,7 @@ impl WorkerSpec {
             hash_lookahead_tokens: None,
             model_dir: None,
             lora_modules: BTreeMap::new(),
+            role: Role::Both,
         }
     }
 
@@ -248,6 +277,7 @@ impl WorkerSpec {
         let bad = |e: &dyn std::fmt::Display| format!("{key}={value}: {e}");
         match key {
             "engine" => self.engine = Some(value.parse().map_err(|e: String| bad(&e))?),
+            "role" => self.role = value.parse().map_err(|e: String| bad(&e))?,
             "speculative_method" => self.speculative.config_mut().method = value.into(),
             "num_speculative_tokens" => {
                 self.speculative.config_mut().num_speculative_tokens =

@@ -39,6 +39,9 @@ pub struct Decision {
     pub groups: Vec<GroupEvidence>,
     pub candidates: Vec<Candidate>,
     pub decision_us: u64,
+    /// Disaggregated serving: the prefill leg's decision (this one is the decode leg's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<Box<Decision>>,
 }
 
 /// A worker's best DP rank as the index predicts it.
@@ -323,6 +326,7 @@ pub fn decide_with<'a>(
             groups,
             candidates: ranked,
             decision_us,
+            prefill: None,
         },
     }
 }

@@ -8,10 +8,12 @@
 //! tokenized; the admission held until the response body is dropped), tokenization, the
 //! decision, forwarding (SSE passed through chunk by chunk, never buffered whole), one retry on
 //! the next-best worker when the upstream failed before any byte reached the client, load
-//! accounting, and recording the engine-reported cached tokens against the prediction.
+//! accounting, and recording the engine-reported cached tokens against the prediction; a
+//! model with prefill and decode workers is handed to [`super::disagg`] after the decision.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
-use super::decide::{candidates_for, decide_with, record_placement, Decision};
+use super::decide::{candidates_for, decide_with, record_placement, Decision, Ranked};
+use super::disagg;
 use super::pending::Prompt;
 use super::registry::{LoadGuard, Registry, Worker};
 use super::request;
@@ -229,9 +231,14 @@ async fn route(
         cache_salt: salt,
         lora,
     };
+    // A model with prefill and decode workers is served in two legs; the prefill pool is
+    // ranked here, with the conversation bookkeeping below.
+    let pd = disagg::pools(&workers);
+    let extras_decode = extras.clone();
+    let first_pool: &[Arc<Worker>] = pd.as_ref().map_or(&workers, |p| &p.prefill);
     let ranked = decide_with(
         &st.registry,
-        &workers,
+        first_pool,
         &tokens,
         extras,
         skip,
@@ -273,29 +280,45 @@ async fn route(
         }
     }
 
+    if let Some(pools) = &pd {
+        // The decode pool is ranked by the same policy: its load, and its own hit (the part
+        // of the prompt it need not pull).
+        let decode = decide_with(
+            &st.registry,
+            &pools.decode,
+            &tokens,
+            extras_decode,
+            skip,
+            follow_up,
+            policy,
+            &st.config().weights,
+            rr,
+            explain,
+        );
+        for c in &decode.decision.candidates {
+            if let Some(w) = decode.order.iter().find(|w| w.spec.name == c.worker) {
+                w.ttft.sample_load_wait(c.load_delay_ms);
+            }
+        }
+        return disagg::serve(
+            st,
+            ep,
+            &req,
+            stream,
+            &ranked,
+            &decode,
+            policy.name(),
+            explain,
+        )
+        .await;
+    }
     let mut last_err = String::new();
     for (attempt, worker) in ranked.order.iter().take(2).enumerate() {
-        let cand = ranked
-            .decision
-            .candidates
-            .iter()
-            .find(|c| c.worker == worker.spec.name);
-        let predicted = cand.map_or(0, |c| c.predicted_cached);
-        let uncached = cand.map_or(tokens.len() as u64, |c| c.expected_uncached());
-        let in_flight = match (cand, &ranked.prompt) {
-            (Some(c), Some(prompt)) => Some((prompt, c.checkpoints)),
-            _ => None,
-        };
+        let booking = Booking::for_candidate(&ranked, worker, false);
         let mut decision = ranked.decision.clone();
         decision.worker = worker.spec.name.clone();
-        decision.predicted_cached = predicted;
-        decision.predicted_ttft_ms = cand.map_or(0.0, |c| c.predicted_ttft_ms);
-        let booking = Booking {
-            uncached,
-            in_flight,
-            predicted,
-            work: cand.map(|c| (c.work, c.predicted_ttft_ms)),
-        };
+        decision.predicted_cached = booking.predicted;
+        decision.predicted_ttft_ms = booking.work.map_or(0.0, |(_, ms)| ms);
         match forward(st, worker, ep, raw.clone(), stream, booking).await {
             Ok(mut resp) => {
                 st.metrics
@@ -328,7 +351,7 @@ async fn route(
     )
 }
 
-fn attach_decision(resp: &mut Response, d: &Decision) {
+pub(super) fn attach_decision(resp: &mut Response, d: &Decision) {
     if let Ok(s) = serde_json::to_string(d) {
         let ascii: String = s
             .chars()
@@ -378,21 +401,49 @@ async fn tokenize(
 /// The prompt and its checkpoints, recorded as in flight on the worker while it runs.
 type InFlight<'a> = (&'a Prompt<'a>, [u64; 2]);
 
-struct UpstreamError {
-    message: String,
+pub(super) struct UpstreamError {
+    pub(super) message: String,
     /// Nothing reached the client yet.
-    retryable: bool,
+    pub(super) retryable: bool,
 }
 
 /// What a forwarded request books on its worker, and what was predicted for it.
-struct Booking<'a> {
+pub(super) struct Booking<'a> {
     /// Prefill tokens charged to the worker until the first byte.
     uncached: u64,
     in_flight: Option<InFlight<'a>>,
-    predicted: u64,
+    /// The cached tokens the worker's answer is checked against.
+    pub(super) predicted: u64,
     /// The TTFT model's inputs and prediction: a streamed answer's first byte teaches the
     /// worker's model (and the fleet's) what it took.
-    work: Option<(Work, f64)>,
+    pub(super) work: Option<(Work, f64)>,
+    /// The whole answer is one token (a prefill leg): its arrival is the first token's.
+    first_token_is_whole: bool,
+}
+
+impl<'a> Booking<'a> {
+    /// The booking of `worker`'s candidate in `r` (an unranked worker books the whole prompt).
+    pub(super) fn for_candidate(
+        r: &'a Ranked<'a>,
+        worker: &Worker,
+        first_token_is_whole: bool,
+    ) -> Booking<'a> {
+        let cand = r
+            .decision
+            .candidates
+            .iter()
+            .find(|c| c.worker == worker.spec.name);
+        Booking {
+            uncached: cand.map_or(r.decision.prompt_tokens as u64, |c| c.expected_uncached()),
+            in_flight: match (cand, &r.prompt) {
+                (Some(c), Some(prompt)) => Some((prompt, c.checkpoints)),
+                _ => None,
+            },
+            predicted: cand.map_or(0, |c| c.predicted_cached),
+            work: cand.map(|c| (c.work, c.predicted_ttft_ms)),
+            first_token_is_whole,
+        }
+    }
 }
 
 /// Feeds an observed TTFT to the worker's and the fleet's models and the error histograms.
@@ -414,7 +465,7 @@ fn observe_ttft(st: &AppState, worker: &Worker, work: &(Work, f64), elapsed: Dur
     }
 }
 
-async fn forward(
+pub(super) async fn forward(
     st: &Arc<AppState>,
     worker: &Arc<Worker>,
     ep: Endpoint,
@@ -427,6 +478,7 @@ async fn forward(
         in_flight,
         predicted,
         work,
+        first_token_is_whole,
     } = booking;
     let mut guard = LoadGuard::new(worker.clone(), uncached);
     if let Some((prompt, checkpoints)) = in_flight {
@@ -482,6 +534,9 @@ async fn forward(
             .proxy_seconds
             .with_label_values(&[&name])
             .observe(started.elapsed().as_secs_f64());
+        if let (true, true, Some(w)) = (first_token_is_whole, status.is_success(), &work) {
+            observe_ttft(st, worker, w, started.elapsed());
+        }
         if status.is_success() {
             if let Some(reported) = reported_cached(&bytes) {
                 record_error(st, &name, predicted, reported);

@@ -1,0 +1,282 @@
+//! Disaggregated prefill and decode: one request served in two legs, by vLLM's
+//! NixlConnector protocol (pull mode, what vLLM's own proxy speaks).
+//!
+//! Owns: the pools of a model ([`pools`]: its `prefill` and `decode` workers, or none when it
+//! lacks either role), the two legs' bodies and the prefill answer's parameters, and
+//! [`serve`], which runs the legs. The prefill leg is the request with `kv_transfer_params =
+//! {do_remote_decode: true, do_remote_prefill: false, remote_*: null}`, `stream = false` and
+//! one output token (`max_tokens`, and `max_completion_tokens` when given, set to 1;
+//! `stream_options`, `min_tokens`, `min_completion_tokens` removed), sent to the prefill
+//! worker the policy ranks first by exact predicted reuse and predicted TTFT. Its answer's
+//! `kv_transfer_params` go, verbatim, into the client's original request for the decode
+//! worker the policy ranks first among the decode pool — by its load and by its own cached
+//! prefix, which shortens the pull; the decode worker's answer is streamed (or returned)
+//! to the client as usual. Each leg is retried once on the next-ranked worker of its pool when
+//! it failed before any byte reached the client.
+//! Invariants: the client sees only the decode worker's answer (or an error); the prefill
+//! leg's answer must carry `kv_transfer_params` (an object), else the leg failed; the decode
+//! worker's reported cached tokens are the prefill worker's (vLLM's decode worker reports
+//! `remote_prefill_cached_tokens`), so both legs are checked against the prefill prediction.
+//! Must not: choose workers itself (the policy ranks each pool) or rewrite answers.
+
+use super::config::Role;
+use super::decide::Ranked;
+use super::proxy::{attach_decision, error, forward, Booking, Endpoint};
+use super::registry::Worker;
+use super::AppState;
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// A model's workers by role, when it has both a prefill and a decode worker.
+pub struct Pools {
+    pub prefill: Vec<Arc<Worker>>,
+    pub decode: Vec<Arc<Worker>>,
+}
+
+/// The prefill and decode pools among `workers` (one model's routable workers); `None`
+/// unless both are non-empty (the model is then served whole by every worker).
+pub fn pools(workers: &[Arc<Worker>]) -> Option<Pools> {
+    let of = |r: Role| -> Vec<Arc<Worker>> {
+        workers
+            .iter()
+            .filter(|w| w.spec.role == r)
+            .cloned()
+            .collect()
+    };
+    let (prefill, decode) = (of(Role::Prefill), of(Role::Decode));
+    (!prefill.is_empty() && !decode.is_empty()).then_some(Pools { prefill, decode })
+}
+
+/// The prefill leg's body: the request computing its prompt for a remote decode.
+pub fn prefill_body(req: &Value) -> Value {
+    let mut b = req.clone();
+    if let Some(o) = b.as_object_mut() {
+        o.insert(
+            "kv_transfer_params".into(),
+            json!({
+                "do_remote_decode": true,
+                "do_remote_prefill": false,
+                "remote_engine_id": null,
+                "remote_block_ids": null,
+                "remote_host": null,
+                "remote_port": null,
+            }),
+        );
+        o.insert("stream".into(), json!(false));
+        o.insert("max_tokens".into(), json!(1));
+        if o.contains_key("max_completion_tokens") {
+            o.insert("max_completion_tokens".into(), json!(1));
+        }
+        for k in ["stream_options", "min_tokens", "min_completion_tokens"] {
+            o.remove(k);
+        }
+    }
+    b
+}
+
+/// The decode leg's body: the client's request with the prefill answer's parameters.
+pub fn decode_body(req: &Value, params: Value) -> Value {
+    let mut b = req.clone();
+    if let Some(o) = b.as_object_mut() {
+        o.insert("kv_transfer_params".into(), params);
+    }
+    b
+}
+
+/// The `kv_transfer_params` of a prefill worker's answer.
+pub fn transfer_params(answer: &[u8]) -> Result<Value, String> {
+    let v: Value = serde_json::from_slice(answer)
+        .map_err(|e| format!("the prefill answer is not JSON: {e}"))?;
+    match v.get("kv_transfer_params") {
+        Some(p) if p.is_object() => Ok(p.clone()),
+        Some(_) => Err("the prefill answer's `kv_transfer_params` is not an object".into()),
+        None => Err(
+            "the prefill answer has no `kv_transfer_params` (is the engine a KV producer?)".into(),
+        ),
+    }
+}
+
+fn bytes_of(v: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).unwrap_or_default())
+}
+
+/// The largest prefill answer read (one token's completion; a bound, not an expectation).
+const MAX_PREFILL_ANSWER: usize = 16 << 20;
+
+/// Runs both legs: `prefill` and `decode` are the policy's rankings of the two pools.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve(
+    st: &Arc<AppState>,
+    ep: Endpoint,
+    req: &Value,
+    stream: bool,
+    prefill: &Ranked<'_>,
+    decode: &Ranked<'_>,
+    policy: &'static str,
+    explain: bool,
+) -> Response {
+    let p_body = bytes_of(&prefill_body(req));
+    let mut last_err = String::new();
+    let mut leg1 = None;
+    for worker in prefill.order.iter().take(2) {
+        let booking = Booking::for_candidate(prefill, worker, true);
+        match forward(st, worker, ep, p_body.clone(), false, booking).await {
+            Ok(resp) => {
+                let status = resp.status();
+                let body = axum::body::to_bytes(resp.into_body(), MAX_PREFILL_ANSWER).await;
+                let body = match body {
+                    Ok(b) => b,
+                    Err(e) => {
+                        last_err = format!("{}: reading the answer: {e}", worker.spec.name);
+                        continue;
+                    }
+                };
+                if !status.is_success() {
+                    // The client's own mistake (a 4xx): it would fail anywhere.
+                    let mut r = Response::new(axum::body::Body::from(body));
+                    *r.status_mut() = status;
+                    r.headers_mut().insert(
+                        "content-type",
+                        axum::http::HeaderValue::from_static("application/json"),
+                    );
+                    return r;
+                }
+                match transfer_params(&body) {
+                    Ok(p) => {
+                        leg1 = Some((worker.clone(), p));
+                        break;
+                    }
+                    Err(m) => last_err = format!("{}: {m}", worker.spec.name),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(worker = %worker.spec.name, error = %e.message, "prefill leg failed");
+                last_err = e.message;
+                if !e.retryable {
+                    break;
+                }
+            }
+        }
+    }
+    let Some((p_worker, params)) = leg1 else {
+        return error(
+            StatusCode::BAD_GATEWAY,
+            format!("the prefill leg failed: {last_err}"),
+        );
+    };
+    note_retry(st, prefill, &p_worker);
+    let mut p_decision = prefill.decision.clone();
+    p_decision.worker = p_worker.spec.name.clone();
+    if let Some(c) = candidate(prefill, &p_worker) {
+        p_decision.predicted_cached = c.predicted_cached;
+        p_decision.predicted_ttft_ms = c.predicted_ttft_ms;
+    }
+    // The decode worker reports the prefill worker's cached tokens.
+    let reported_as = p_decision.predicted_cached;
+    let d_body = bytes_of(&decode_body(req, params));
+    for worker in decode.order.iter().take(2) {
+        let mut booking = Booking::for_candidate(decode, worker, false);
+        booking.predicted = reported_as;
+        match forward(st, worker, ep, d_body.clone(), stream, booking).await {
+            Ok(mut resp) => {
+                st.metrics
+                    .decisions
+                    .with_label_values(&[policy, &worker.spec.name])
+                    .inc();
+                note_retry(st, decode, worker);
+                if explain {
+                    let mut d = decode.decision.clone();
+                    d.worker = worker.spec.name.clone();
+                    if let Some(c) = candidate(decode, worker) {
+                        d.predicted_cached = c.predicted_cached;
+                        d.predicted_ttft_ms = c.predicted_ttft_ms;
+                    }
+                    d.prefill = Some(Box::new(p_decision));
+                    attach_decision(&mut resp, &d);
+                }
+                return resp;
+            }
+            Err(e) => {
+                tracing::warn!(worker = %worker.spec.name, error = %e.message, "decode leg failed");
+                last_err = e.message;
+                if !e.retryable {
+                    break;
+                }
+            }
+        }
+    }
+    error(
+        StatusCode::BAD_GATEWAY,
+        format!("the decode leg failed: {last_err}"),
+    )
+}
+
+fn candidate<'r>(r: &'r Ranked<'_>, w: &Worker) -> Option<&'r super::policy::Candidate> {
+    r.decision
+        .candidates
+        .iter()
+        .find(|c| c.worker == w.spec.name)
+}
+
+/// Counts a leg served by other than its first-ranked worker.
+fn note_retry(st: &AppState, r: &Ranked<'_>, served: &Worker) {
+    if let Some(first) = r.order.first() {
+        if first.spec.name != served.spec.name {
+            st.metrics
+                .retries
+                .with_label_values(&[&first.spec.name])
+                .inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefill_leg_asks_for_one_token_for_a_remote_decode_and_no_stream() {
+        let req = json!({
+            "model": "m", "prompt": [1, 2, 3], "stream": true, "max_tokens": 50,
+            "max_completion_tokens": 50, "stream_options": {"include_usage": true},
+            "min_tokens": 5, "temperature": 0.5,
+        });
+        let p = prefill_body(&req);
+        assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
+        assert_eq!(p["kv_transfer_params"]["do_remote_prefill"], false);
+        assert!(p["kv_transfer_params"]["remote_engine_id"].is_null());
+        assert_eq!(
+            (p["stream"].clone(), p["max_tokens"].clone()),
+            (json!(false), json!(1))
+        );
+        assert_eq!(p["max_completion_tokens"], 1);
+        assert!(p.get("stream_options").is_none() && p.get("min_tokens").is_none());
+        assert_eq!(
+            (p["temperature"].clone(), p["prompt"].clone()),
+            (json!(0.5), json!([1, 2, 3]))
+        );
+        // Without max_completion_tokens none is added.
+        assert!(prefill_body(&json!({"prompt": "x"}))
+            .get("max_completion_tokens")
+            .is_none());
+    }
+
+    #[test]
+    fn the_decode_leg_is_the_clients_request_with_the_prefill_answers_parameters() {
+        let req = json!({"model": "m", "prompt": "hi", "stream": true, "max_tokens": 50});
+        let answer = br#"{"choices": [], "kv_transfer_params": {"do_remote_prefill": true, "remote_port": 9}}"#;
+        let params = transfer_params(answer).unwrap();
+        let d = decode_body(&req, params.clone());
+        assert_eq!(d["kv_transfer_params"], params);
+        assert_eq!(
+            (d["stream"].clone(), d["max_tokens"].clone()),
+            (json!(true), json!(50))
+        );
+        assert!(transfer_params(br#"{"choices": []}"#).is_err());
+        assert!(transfer_params(br#"{"kv_transfer_params": 3}"#).is_err());
+        assert!(transfer_params(b"not json").is_err());
+    }
+}
