@@ -251,11 +251,7 @@ async fn route(
     st.metrics
         .expected_follow_ups
         .set(ranked.decision.follow_ups);
-    for c in &ranked.decision.candidates {
-        if let Some(w) = ranked.order.iter().find(|w| w.spec.name == c.worker) {
-            w.ttft.sample_load_wait(c.load_delay_ms);
-        }
-    }
+    sample_load_waits(&ranked);
     st.metrics
         .decision_seconds
         .with_label_values(&[policy.name()])
@@ -295,11 +291,7 @@ async fn route(
             rr,
             explain,
         );
-        for c in &decode.decision.candidates {
-            if let Some(w) = decode.order.iter().find(|w| w.spec.name == c.worker) {
-                w.ttft.sample_load_wait(c.load_delay_ms);
-            }
-        }
+        sample_load_waits(&decode);
         return disagg::serve(
             st,
             ep,
@@ -349,6 +341,15 @@ async fn route(
         StatusCode::BAD_GATEWAY,
         format!("upstream failed: {last_err}"),
     )
+}
+
+/// Each ranked worker's load wait, sampled once per decision (every candidate alike).
+fn sample_load_waits(r: &Ranked<'_>) {
+    for c in &r.decision.candidates {
+        if let Some(w) = r.order.iter().find(|w| w.spec.name == c.worker) {
+            w.ttft.sample_load_wait(c.load_delay_ms);
+        }
+    }
 }
 
 pub(super) fn attach_decision(resp: &mut Response, d: &Decision) {

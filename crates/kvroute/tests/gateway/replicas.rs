@@ -3,7 +3,7 @@
 //! request, a replica started late catches up through the engines' replay sockets, and the
 //! engines' own load figures (`/metrics`, polled) make each replica count what the others sent.
 
-mod common;
+use crate::common;
 
 use kvroute::gateway::config::GatewayConfig;
 use kvroute::gateway::{Gateway, GatewayHandle};

@@ -2,11 +2,11 @@
 //! after a few in a row, its requests are retried on another worker, and the health check
 //! probes it back; a worker answering client errors (4xx) is never ejected.
 
+use crate::common;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-mod common;
 
 use kvroute::gateway::config::WorkerSpec;
 use kvroute::gateway::{Gateway, GatewayHandle};

@@ -5,7 +5,7 @@
 //! `("lora", name, path)` key) exactly as the engine reports them; base-model and adapter
 //! requests with the same prompt share no cache; an unknown model is refused.
 
-mod common;
+use crate::common;
 
 use kvroute::gateway::config::WorkerSpec;
 use kvroute::gateway::{Gateway, GatewayHandle};

@@ -3,7 +3,7 @@
 //! protocol, the gateway running both legs, streaming and not, a broken prefill worker retried,
 //! the decode choice following load, and both legs' cached tokens against the predictions.
 
-mod common;
+use crate::common;
 
 use kvroute::gateway::config::{CostModel, Role, WorkerSpec};
 use kvroute::gateway::{Gateway, GatewayHandle};
@@ -164,10 +164,15 @@ async fn a_request_is_prefilled_on_one_worker_and_decoded_on_another_streaming_a
     assert_eq!(legs_d.len(), 4);
     assert!(legs_p.iter().all(|(_, _, out)| *out == 1), "{legs_p:?}");
     assert!(legs_d.iter().all(|(_, _, out)| *out == 12), "{legs_d:?}");
-    // The decode workers now hold the prompts they pulled: a repeat's decode worker needs to
-    // pull nothing it holds.
+    // Each request is counted once, on the decode worker that answered it.
     let metrics = common::admin_metrics(&gw).await;
-    assert!(metrics.contains("kvroute_decisions_total"), "{metrics}");
+    let counted: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kvroute_decisions_total{"))
+        .inspect(|l| assert!(l.contains("worker=\"d"), "{l}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 4.0, "{metrics}");
     gw.shutdown().await;
 }
 
