@@ -521,6 +521,12 @@ async fn serve(
         _ => None,
     };
     if let Ask::DecodeFromRemote(remote) = &ask {
+        if let Some(n) = remote.num_tokens.filter(|n| *n != prompt_len) {
+            return bad(format!(
+                "the prompt ({prompt_len} tokens) is not the one prefilled remotely ({n} tokens)"
+            ))
+            .into_response();
+        }
         match disagg::pull(w.client(), remote).await {
             Ok(n) if n == prompt_len => {
                 c.req.remote_kv = Some(RemoteKv {

@@ -234,20 +234,23 @@ async fn route(
     // A model with prefill and decode workers is served in two legs; the prefill pool is
     // ranked here, with the conversation bookkeeping below.
     let pd = disagg::pools(&workers);
-    let extras_decode = extras.clone();
+    let weights = st.config().weights.clone();
+    let rank_pool = |pool: &[Arc<Worker>], extras: BlockExtras| {
+        decide_with(
+            &st.registry,
+            pool,
+            &tokens,
+            extras,
+            skip,
+            follow_up,
+            policy,
+            &weights,
+            rr,
+            explain,
+        )
+    };
     let first_pool: &[Arc<Worker>] = pd.as_ref().map_or(&workers, |p| &p.prefill);
-    let ranked = decide_with(
-        &st.registry,
-        first_pool,
-        &tokens,
-        extras,
-        skip,
-        follow_up,
-        policy,
-        &st.config().weights,
-        rr,
-        explain,
-    );
+    let ranked = rank_pool(first_pool, extras.clone());
     st.metrics
         .expected_follow_ups
         .set(ranked.decision.follow_ups);
@@ -279,18 +282,7 @@ async fn route(
     if let Some(pools) = &pd {
         // The decode pool is ranked by the same policy: its load, and its own hit (the part
         // of the prompt it need not pull).
-        let decode = decide_with(
-            &st.registry,
-            &pools.decode,
-            &tokens,
-            extras_decode,
-            skip,
-            follow_up,
-            policy,
-            &st.config().weights,
-            rr,
-            explain,
-        );
+        let decode = rank_pool(&pools.decode, extras);
         sample_load_waits(&decode);
         return disagg::serve(
             st,

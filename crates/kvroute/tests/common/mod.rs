@@ -38,6 +38,27 @@ pub fn sim_spec(h: &SimHandle, model: &str, replay: bool) -> WorkerSpec {
     s
 }
 
+/// Posts `body` to the gateway's `/v1/completions`: the status, the decision header (`Null`
+/// when absent) and the body's text.
+pub async fn post_completion(
+    gw: &GatewayHandle,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value, String) {
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", gw.addr))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let decision = r
+        .headers()
+        .get("x-kvroute-decision")
+        .and_then(|v| serde_json::from_str(v.to_str().ok()?).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (status, decision, r.text().await.unwrap_or_default())
+}
+
 /// The admin listener's Prometheus text.
 pub async fn admin_metrics(gw: &GatewayHandle) -> String {
     reqwest::get(format!("http://{}/metrics", gw.admin_addr))

@@ -58,20 +58,8 @@ struct Reply {
 }
 
 async fn complete(gw: &GatewayHandle, body: Value) -> Reply {
-    let r = reqwest::Client::new()
-        .post(format!("http://{}/v1/completions", gw.addr))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let decision = r
-        .headers()
-        .get("x-kvroute-decision")
-        .and_then(|v| serde_json::from_str(v.to_str().unwrap()).ok())
-        .unwrap_or(Value::Null);
+    let (status, decision, text) = common::post_completion(gw, &body).await;
     let stream = body["stream"].as_bool().unwrap_or(false);
-    let text = r.text().await.unwrap();
     let last: Value = if stream {
         text.lines()
             .filter_map(|l| l.strip_prefix("data: "))

@@ -99,21 +99,10 @@ impl Reply {
 
 async fn complete(gw: &GatewayHandle, model: &str, prompt: &[u32]) -> Reply {
     let body = json!({"model": model, "prompt": prompt, "max_tokens": 2});
-    let r = reqwest::Client::new()
-        .post(format!("http://{}/v1/completions", gw.addr))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let decision = r
-        .headers()
-        .get("x-kvroute-decision")
-        .and_then(|v| serde_json::from_str(v.to_str().ok()?).ok())
-        .unwrap_or(Value::Null);
+    let (status, decision, text) = common::post_completion(gw, &body).await;
     Reply {
         status,
-        body: r.json().await.unwrap_or(Value::Null),
+        body: serde_json::from_str(&text).unwrap_or(Value::Null),
         decision,
     }
 }
