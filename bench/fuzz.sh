@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fuzz campaign: every cargo-fuzz target of kvroute for SECONDS each (default 600), one
 # after another on one core, seeded from the committed corpora, then a summary line per target:
-# executions, coverage (libFuzzer's `cov` and `ft`), corpus size and findings (crash files).
+# CPU seconds the fuzzer used (it may share the core), executions, coverage (libFuzzer's `cov`
+# and `ft`) and findings (crash files). FUZZ_NICE=N runs it at that niceness.
 # Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). See docs/reliability.md.
 #   bench/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-600}
 shift || true
 wire=(decode_batch decode_frames)
-root=(index_vs_reference request_parse snapshot_parse config_toml)
+root=(index_vs_reference request_parse snapshot_parse config_toml chat_template)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${wire[@]}" "${root[@]}")
 out=${FUZZ_OUT:-target/fuzz-campaign}
@@ -47,19 +48,27 @@ PY
       printf 'listen = "127.0.0.1:8080"\n[[workers]]\nname = "w0"\nurl = "http://127.0.0.1:8000"\nmodel = "m"\n[workers.kv_events]\nendpoint = "tcp://*:5557"\n' > "$d/corpus/$t/basic.toml" ;;
     snapshot_parse)
       cp fuzz/seeds/snapshot.toml "$d/corpus/$t/" ;;
+    chat_template)
+      cp fuzz/seeds/chat_template/* "$d/corpus/$t/" ;;
   esac
 }
 
-printf '%-20s %8s %12s %8s %8s %8s %8s\n' target seconds execs exec/s cov ft findings
+printf '%-20s %8s %8s %12s %8s %8s %8s %8s\n' target seconds cpu_s execs exec/s cov ft findings
 for t in "${targets[@]}"; do
   d=$(dir_of "$t")
   seed "$t" "$d"
   log="$out/$t.log"
-  (cd "$d" && cargo +nightly fuzz run "$t" -- -max_total_time="$secs" -max_len=65536 -print_final_stats=1) >"$log" 2>&1 || true
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
-  ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
+  if ! (cd "$d" && nice -n "${FUZZ_NICE:-0}" cargo +nightly fuzz build "$t") >"$log.build" 2>&1; then
+    printf '%-20s build failed: %s\n' "$t" "$log.build"
+    continue
+  fi
+  TIMEFORMAT='%U %S'
+  cpu=$( { time (cd "$d" && nice -n "${FUZZ_NICE:-0}" cargo +nightly fuzz run "$t" -- \
+      -max_total_time="$secs" -max_len=65536 -timeout=10 -print_final_stats=1) >"$log" 2>&1 || true; } 2>&1 | awk '{printf "%d", $1 + $2}')
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || true)
+  ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || true)
   found=$(ls "$d/artifacts/$t" 2>/dev/null | grep -c -E '^(crash|oom|timeout|leak)-' || true)
-  printf '%-20s %8s %12s %8s %8s %8s %8s\n' "$t" "$secs" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${found:-0}"
+  printf '%-20s %8s %8s %12s %8s %8s %8s %8s\n' "$t" "$secs" "${cpu:-?}" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${found:-0}"
 done

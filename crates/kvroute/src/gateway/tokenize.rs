@@ -132,33 +132,51 @@ impl LocalTokenizer {
             .template
             .as_deref()
             .ok_or_else(|| TokenizeError::Tokenizer("the model has no chat template".into()))?;
-        let mut env = minijinja::Environment::new();
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
-        env.add_function("strftime_now", |_fmt: String| -> String { String::new() });
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.add_template("chat", template)
-            .map_err(|e| TokenizeError::Tokenizer(format!("chat template: {e}")))?;
-        let t = env
-            .get_template("chat")
-            .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
-        t.render(minijinja::context! {
-            messages => minijinja::Value::from_serialize(messages),
-            add_generation_prompt => true,
-            bos_token => self.bos.clone(),
-            eos_token => self.eos.clone(),
-        })
-        .map_err(|e| TokenizeError::Invalid(format!("chat template: {e}")))
+        render_chat_template(template, messages, &self.bos, &self.eos)
     }
+}
+
+/// The most template instructions one chat rendering may execute: a long real conversation
+/// takes a few hundred thousand; a hostile template (nested loops over huge ranges) is stopped
+/// with an error instead of holding a runtime thread.
+pub const CHAT_TEMPLATE_FUEL: u64 = 5_000_000;
+
+/// Renders a Jinja chat template (Hugging Face's dialect, as `transformers` runs it) over
+/// `messages` with the generation prompt. Bounded: a template that does not compile, raises,
+/// or runs past [`CHAT_TEMPLATE_FUEL`] is an error, never a hang or a panic.
+pub fn render_chat_template(
+    template: &str,
+    messages: &Value,
+    bos: &str,
+    eos: &str,
+) -> Result<String, TokenizeError> {
+    let mut env = minijinja::Environment::new();
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                msg,
+            ))
+        },
+    );
+    env.add_function("strftime_now", |_fmt: String| -> String { String::new() });
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
+    env.add_template("chat", template)
+        .map_err(|e| TokenizeError::Tokenizer(format!("chat template: {e}")))?;
+    let t = env
+        .get_template("chat")
+        .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+    t.render(minijinja::context! {
+        messages => minijinja::Value::from_serialize(messages),
+        add_generation_prompt => true,
+        bos_token => bos,
+        eos_token => eos,
+    })
+    .map_err(|e| TokenizeError::Invalid(format!("chat template: {e}")))
 }
 
 /// Tokenizers by model directory, loaded once.
@@ -302,5 +320,31 @@ mod tests {
         assert!(prompt_input(&json!({"prompt": ["a", "b"]}), false).is_err());
         assert!(prompt_input(&json!({}), false).is_err());
         assert!(prompt_input(&json!({"messages": []}), true).is_err());
+    }
+
+    #[test]
+    fn a_hostile_chat_template_is_an_error_not_a_hang() {
+        let msgs = json!([{"role": "user", "content": "hello"}]);
+        for template in [
+            // Ten billion iterations: stopped by the fuel bound.
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            // Unbounded recursion through a macro.
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            "{{ raise_exception('no system role') }}",
+            "{% for m in messages %}{{ m.content.nope() }}{% endfor %}",
+            "{% if %}",
+        ] {
+            assert!(
+                render_chat_template(template, &msgs, "", "").is_err(),
+                "{template}"
+            );
+        }
+        // A long real-looking conversation stays well inside the bound.
+        let long: Vec<Value> = (0..2000)
+            .map(|i| json!({"role": if i % 2 == 0 {"user"} else {"assistant"}, "content": format!("turn {i}")}))
+            .collect();
+        let ok = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] | trim }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
+        let text = render_chat_template(ok, &Value::Array(long), "", "").unwrap();
+        assert!(text.ends_with("<|assistant|>"));
     }
 }
