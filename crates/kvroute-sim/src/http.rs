@@ -16,6 +16,7 @@
 
 use crate::disagg::{self, Ask};
 use crate::engine::{NewRequest, RemoteKv, TokenOut};
+use crate::publisher::WireFaults;
 use crate::tokens::{self, Message};
 use crate::worker::{Submission, Worker};
 use axum::body::Bytes;
@@ -784,10 +785,20 @@ async fn admin_faults(State(w): W, body: Body) -> Response {
         Ok(b) => b,
         Err(r) => return r.into_response(),
     };
-    let drop = b.get("drop_batches").and_then(Value::as_u64);
-    let delay = b.get("delay_ms").and_then(Value::as_u64);
-    w.set_faults(drop, delay);
-    Json(json!({ "drop_batches": drop, "delay_ms": delay })).into_response()
+    let f: WireFaults = match serde_json::from_value(b) {
+        Ok(f) => f,
+        Err(e) => return bad(format!("faults: {e}")).into_response(),
+    };
+    w.set_wire_faults(&f);
+    Json(json!({
+        "drop_batches": f.drop_batches,
+        "delay_ms": f.delay_ms,
+        "duplicate_batches": f.duplicate_batches,
+        "reorder_batches": f.reorder_batches,
+        "clock_offset_ms": f.clock_offset_ms,
+        "garbage_replay": f.garbage_replay,
+    }))
+    .into_response()
 }
 
 async fn admin_restart(State(w): W, body: Body) -> Response {

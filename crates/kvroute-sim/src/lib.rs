@@ -34,7 +34,7 @@ pub use disagg::{KvRole, KvTransfer};
 pub use engine::{Engine, EngineConfig, Lookup, Lora, NewRequest, RemoteKv, StepOutcome, TokenOut};
 pub use error::SimError;
 pub use fleet::{serve, start_worker, Fleet, FleetOptions, SimHandle};
-pub use publisher::{PublisherConfig, ReplayLayout};
+pub use publisher::{PublisherConfig, ReplayLayout, WireFaults};
 pub use spec::{preset, GroupKind, GroupSpec, ModelSpec, PRESETS};
 pub use timing::TimeModel;
 pub use wire::WireFormat;

@@ -7,7 +7,9 @@
 //! answers replay requests (`["", topic, seq, payload]` per batch, then the end marker; or the
 //! older `["", seq, payload]` layout), and the faults: dropping the next N batches (they keep
 //! their seq and stay replayable, as a high-water-mark drop would), delaying the stream,
-//! restarting (seq back to 0, buffer emptied).
+//! sending the next N batches twice, holding a batch back until the one after it went out
+//! (reordered), shifting the batches' timestamps (a clock jump), answering replay requests
+//! with garbage, restarting (seq back to 0, buffer emptied).
 //! Invariants: seqs count batches from 0 per publisher instance; one batch per call; nothing
 //! is published for an empty batch.
 //! Must not: encode events itself beyond calling `wire`, or block the engine loop.
@@ -18,7 +20,7 @@ use crate::zmtp::{ConnectingPub, PubCounters};
 use bytes::Bytes;
 use kvroute_index::Event;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -102,8 +104,27 @@ fn port_of(ep: &zeromq::Endpoint) -> Option<u16> {
     }
 }
 
+/// Takes one from a fault's countdown; whether there was one.
+fn take_one(n: &AtomicU64) -> bool {
+    n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok()
+}
+
 fn msg(frames: Vec<Vec<u8>>) -> Option<ZmqMessage> {
     ZmqMessage::try_from(frames.into_iter().map(Bytes::from).collect::<Vec<_>>()).ok()
+}
+
+/// Wire faults to set on a worker's publishers (`None`: leave that one as it is); the body of
+/// `POST /admin/faults`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WireFaults {
+    pub drop_batches: Option<u64>,
+    pub delay_ms: Option<u64>,
+    pub duplicate_batches: Option<u64>,
+    pub reorder_batches: Option<u64>,
+    pub clock_offset_ms: Option<i64>,
+    pub garbage_replay: Option<bool>,
 }
 
 /// Fault knobs, shared with the admin endpoint.
@@ -111,6 +132,15 @@ fn msg(frames: Vec<Vec<u8>>) -> Option<ZmqMessage> {
 pub struct Faults {
     pub drop_next: AtomicU64,
     pub delay_ms: AtomicU64,
+    /// The next N batches go out twice.
+    pub duplicate_next: AtomicU64,
+    /// The next N batches are each held back and sent right after the batch that follows.
+    pub reorder_next: AtomicU64,
+    /// Added to every batch's timestamp, in milliseconds (negative: the clock went back).
+    pub clock_offset_ms: AtomicI64,
+    /// Replay requests are answered with a malformed reply, then every buffered batch with a
+    /// payload that is not MessagePack, then the end marker.
+    pub garbage_replay: AtomicBool,
     pub published: AtomicU64,
     pub dropped: AtomicU64,
     /// Connected endpoints: the background connection's counters (batches sent, batches no
@@ -247,6 +277,8 @@ async fn run(
         buffer: VecDeque::new(),
     };
     let topic = cfg.topic.as_bytes().to_vec();
+    // A batch held back by the reorder fault, sent after the next one.
+    let mut held: Option<Vec<Vec<u8>>> = None;
     loop {
         let replay = async {
             match router.as_mut() {
@@ -260,8 +292,10 @@ async fn run(
                 Some(Cmd::Restart) => {
                     st.next_seq = 0;
                     st.buffer.clear();
+                    held = None;
                 }
                 Some(Cmd::Batch(ts, events)) => {
+                    let ts = ts + faults.clock_offset_ms.load(Ordering::Relaxed) as f64 / 1000.0;
                     let payload = encode_batch(ts, &events, cfg.dp_rank, cfg.format);
                     let seq = st.next_seq;
                     st.next_seq += 1;
@@ -273,22 +307,32 @@ async fn run(
                     if delay > 0 {
                         tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
                     }
-                    let dropped = faults
-                        .drop_next
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                        .is_ok();
-                    if dropped {
+                    if take_one(&faults.drop_next) {
                         faults.dropped.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    if out.send(vec![topic.clone(), seq.to_be_bytes().to_vec(), payload]).await {
-                        faults.published.fetch_add(1, Ordering::Relaxed);
+                    let frames = vec![topic.clone(), seq.to_be_bytes().to_vec(), payload];
+                    if held.is_none() && take_one(&faults.reorder_next) {
+                        held = Some(frames);
+                        continue;
+                    }
+                    let copies = if take_one(&faults.duplicate_next) { 2 } else { 1 };
+                    for _ in 0..copies {
+                        if out.send(frames.clone()).await {
+                            faults.published.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    if let Some(h) = held.take() {
+                        if out.send(h).await {
+                            faults.published.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
             },
             req = replay => {
                 if let (Some(req), Some(r)) = (req, router.as_mut()) {
-                    serve_replay(r, req, &st, &topic, cfg.replay_layout).await;
+                    let garbage = faults.garbage_replay.load(Ordering::Relaxed);
+                    serve_replay(r, req, &st, &topic, cfg.replay_layout, garbage).await;
                 }
             }
         }
@@ -301,6 +345,7 @@ async fn serve_replay(
     st: &State,
     topic: &[u8],
     layout: ReplayLayout,
+    garbage: bool,
 ) {
     let frames = req.into_vec();
     if frames.len() != 3 {
@@ -311,21 +356,34 @@ async fn serve_replay(
         return;
     };
     let start = u64::from_be_bytes(start);
+    if garbage {
+        // A reply whose seq frame is three bytes long.
+        if let Some(m) = msg(vec![
+            id.clone(),
+            vec![],
+            topic.to_vec(),
+            vec![0, 0, 1],
+            vec![0xc1],
+        ]) {
+            let _ = router.send(m).await;
+        }
+    }
     for (seq, payload) in st.buffer.iter().filter(|(s, _)| *s >= start) {
+        let payload = if garbage {
+            // 0xc1 is never used in MessagePack.
+            vec![0xc1; payload.len().max(1)]
+        } else {
+            payload.clone()
+        };
         let f = match layout {
             ReplayLayout::WithTopic => vec![
                 id.clone(),
                 vec![],
                 topic.to_vec(),
                 seq.to_be_bytes().to_vec(),
-                payload.clone(),
+                payload,
             ],
-            ReplayLayout::Old => vec![
-                id.clone(),
-                vec![],
-                seq.to_be_bytes().to_vec(),
-                payload.clone(),
-            ],
+            ReplayLayout::Old => vec![id.clone(), vec![], seq.to_be_bytes().to_vec(), payload],
         };
         let Some(m) = msg(f) else { return };
         if router.send(m).await.is_err() {

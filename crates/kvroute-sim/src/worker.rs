@@ -14,11 +14,11 @@
 use crate::disagg::{KvTransfer, Leases};
 use crate::engine::{Engine, EngineConfig, NewRequest, TokenOut};
 use crate::error::SimError;
-use crate::publisher::{Publisher, PublisherConfig};
+use crate::publisher::{Publisher, PublisherConfig, WireFaults};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
@@ -357,13 +357,32 @@ impl Worker {
     /// Drops the next `n` batches on the wire (they keep their seq and stay replayable) and
     /// delays every batch by `delay_ms`, on every rank.
     pub fn set_faults(&self, drop_batches: Option<u64>, delay_ms: Option<u64>) {
+        self.set_wire_faults(&WireFaults {
+            drop_batches,
+            delay_ms,
+            ..WireFaults::default()
+        });
+    }
+
+    /// Sets the given wire faults on every rank's publisher; `None` leaves one as it is.
+    pub fn set_wire_faults(&self, f: &WireFaults) {
         for rk in &self.shared.ranks {
             if let Some(p) = &rk.publisher {
-                if let Some(n) = drop_batches {
-                    p.faults.drop_next.store(n, Ordering::Relaxed);
+                let k = &p.faults;
+                let set = |slot: &AtomicU64, v: Option<u64>| {
+                    if let Some(v) = v {
+                        slot.store(v, Ordering::Relaxed);
+                    }
+                };
+                set(&k.drop_next, f.drop_batches);
+                set(&k.delay_ms, f.delay_ms);
+                set(&k.duplicate_next, f.duplicate_batches);
+                set(&k.reorder_next, f.reorder_batches);
+                if let Some(ms) = f.clock_offset_ms {
+                    k.clock_offset_ms.store(ms, Ordering::Relaxed);
                 }
-                if let Some(d) = delay_ms {
-                    p.faults.delay_ms.store(d, Ordering::Relaxed);
+                if let Some(g) = f.garbage_replay {
+                    k.garbage_replay.store(g, Ordering::Relaxed);
                 }
             }
         }

@@ -3,7 +3,10 @@
 //! Owns: [`Tracker`], [`LiveVerdict`], [`ReplayVerdict`] and [`DegradeReason`].
 //! Invariants: `next` is the sequence number of the next batch to apply; batches are applied
 //! only with `seq == next` (or as the first of an instance); a live seq at or below the last
-//! live seq means the publisher restarted (one publisher's live stream only goes up); a rank
+//! live seq means the publisher restarted (one publisher's live stream only goes up) — unless
+//! it is a byte-identical copy of one of the last [`RECENT`] batches consumed (same seq, same
+//! payload digest: a relay sent it twice, or it arrived after its successor), which is a
+//! duplicate; a rank
 //! is *degraded* from the moment a batch is known lost until it is *rebuilt*: a contiguous
 //! stream that starts at seq 0 of a publisher instance, or that applies an engine
 //! `AllBlocksCleared` (device pool empty) — after either, the index holds everything the
@@ -12,6 +15,12 @@
 //! verdicts).
 
 use serde::Serialize;
+use std::collections::VecDeque;
+
+/// How many consumed batches (seq, payload digest) a tracker remembers to recognise late or
+/// repeated copies. A copy older than that reads as a restart, which is safe: the rank is
+/// cleared and rebuilt from the replay.
+pub const RECENT: usize = 128;
 
 /// Why a rank's view may be missing blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -73,6 +82,8 @@ pub struct Tracker {
     last_live: Option<u64>,
     last_applied: Option<(u64, u64)>,
     degraded: Option<DegradeReason>,
+    /// The last [`RECENT`] batches consumed: (seq, payload digest).
+    recent: VecDeque<(u64, u64)>,
 }
 
 impl Tracker {
@@ -94,8 +105,12 @@ impl Tracker {
         self.degraded
     }
 
-    pub fn classify_live(&self, seq: u64) -> LiveVerdict {
+    /// The verdict on a live batch `seq` whose payload has digest `digest`.
+    pub fn classify_live(&self, seq: u64, digest: u64) -> LiveVerdict {
         if matches!(self.last_live, Some(l) if seq <= l) {
+            if self.recent.contains(&(seq, digest)) {
+                return LiveVerdict::Duplicate;
+            }
             return LiveVerdict::Restart;
         }
         match self.next {
@@ -115,9 +130,16 @@ impl Tracker {
         }
     }
 
-    /// Records the seq of a live message (whatever its verdict).
+    /// Records the seq of a live message (whatever its verdict): the highest seen so far.
     pub fn note_live(&mut self, seq: u64) {
-        self.last_live = Some(seq);
+        self.last_live = Some(self.last_live.map_or(seq, |l| l.max(seq)));
+    }
+
+    fn remember(&mut self, seq: u64, digest: u64) {
+        if self.recent.len() >= RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((seq, digest));
     }
 
     /// A replay succeeded and held nothing: the publisher's next batch is seq 0.
@@ -131,6 +153,7 @@ impl Tracker {
     pub fn applied(&mut self, seq: u64, digest: u64, engine_cleared: bool) -> bool {
         self.next = Some(seq.saturating_add(1));
         self.last_applied = Some((seq, digest));
+        self.remember(seq, digest);
         if self.degraded.is_some() && (seq == 0 || engine_cleared) {
             self.degraded = None;
             return true;
@@ -148,6 +171,7 @@ impl Tracker {
     pub fn consumed_unapplied(&mut self, seq: u64, digest: u64) {
         self.lost(DegradeReason::UndecodableBatch, seq.saturating_add(1));
         self.last_applied = Some((seq, digest));
+        self.remember(seq, digest);
     }
 
     /// A tracker that continues after batch `seq` (payload digest `digest`) of a publisher
@@ -158,6 +182,7 @@ impl Tracker {
             last_live: None,
             last_applied: Some((seq, digest)),
             degraded: None,
+            recent: VecDeque::from([(seq, digest)]),
         }
     }
 
@@ -177,13 +202,13 @@ mod tests {
     #[test]
     fn a_stream_from_zero_is_applied_in_order_and_duplicates_are_skipped() {
         let mut t = Tracker::new();
-        assert_eq!(t.classify_live(0), LiveVerdict::First);
+        assert_eq!(t.classify_live(0, 10), LiveVerdict::First);
         t.note_live(0);
-        t.applied(0, 1, false);
-        assert_eq!(t.classify_live(1), LiveVerdict::InOrder);
-        t.applied(1, 1, false);
+        t.applied(0, 10, false);
+        assert_eq!(t.classify_live(1, 11), LiveVerdict::InOrder);
+        t.applied(1, 11, false);
         assert_eq!(t.classify_replayed(1), ReplayVerdict::Duplicate);
-        assert_eq!(t.classify_live(5), LiveVerdict::Gap { from: 2 });
+        assert_eq!(t.classify_live(5, 15), LiveVerdict::Gap { from: 2 });
         assert_eq!(t.degraded(), None);
     }
 
@@ -192,8 +217,9 @@ mod tests {
         let mut t = Tracker::new();
         t.note_live(7);
         t.applied(7, 1, false);
-        assert_eq!(t.classify_live(7), LiveVerdict::Restart);
-        assert_eq!(t.classify_live(0), LiveVerdict::Restart);
+        // Another payload under a seq already seen: a new instance.
+        assert_eq!(t.classify_live(7, 2), LiveVerdict::Restart);
+        assert_eq!(t.classify_live(0, 3), LiveVerdict::Restart);
         // A replayed copy of something below `next` is only a duplicate.
         assert_eq!(t.classify_replayed(3), ReplayVerdict::Duplicate);
     }
@@ -204,8 +230,30 @@ mod tests {
         for s in 0..5 {
             t.applied(s, s, false);
         }
-        assert_eq!(t.classify_live(3), LiveVerdict::Duplicate);
-        assert_eq!(t.classify_live(5), LiveVerdict::InOrder);
+        assert_eq!(t.classify_live(3, 3), LiveVerdict::Duplicate);
+        assert_eq!(t.classify_live(5, 5), LiveVerdict::InOrder);
+    }
+
+    #[test]
+    fn a_repeated_or_late_copy_of_a_recent_batch_is_a_duplicate_and_the_stream_goes_on() {
+        let mut t = Tracker::new();
+        for s in 0..4 {
+            t.note_live(s);
+            t.applied(s, 100 + s, false);
+        }
+        // Sent twice, and one arriving after its successor: the same bytes as applied.
+        assert_eq!(t.classify_live(3, 103), LiveVerdict::Duplicate);
+        t.note_live(3);
+        assert_eq!(t.classify_live(1, 101), LiveVerdict::Duplicate);
+        t.note_live(1);
+        // The live position stays at the highest seq seen.
+        assert_eq!(t.classify_live(4, 104), LiveVerdict::InOrder);
+        // Older than the memory: read as a restart (safe: cleared and replayed).
+        for s in 4..(4 + RECENT as u64) {
+            t.note_live(s);
+            t.applied(s, 100 + s, false);
+        }
+        assert_eq!(t.classify_live(1, 101), LiveVerdict::Restart);
     }
 
     #[test]

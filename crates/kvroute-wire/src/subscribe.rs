@@ -419,7 +419,7 @@ impl Session {
             return Ok(());
         }
         let (seq, payload) = (live.seq, live.payload);
-        let mut verdict = self.tracker.classify_live(seq);
+        let mut verdict = self.tracker.classify_live(seq, digest(payload));
         if verdict == LiveVerdict::Restart {
             tracing::info!(worker = %self.worker(), dp_rank = self.rank(), seq, "publisher restarted");
             self.ctx.stats.record_restart(self.worker(), self.rank());

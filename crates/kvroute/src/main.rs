@@ -224,7 +224,8 @@ struct ServeArgs {
     #[arg(long)]
     junction_weight: Option<f64>,
     /// A worker: `name=w0,url=http://127.0.0.1:8000,model=m[,events=tcp://*:5557][,replay=tcp://*:5558]
-    /// [,topic=kv][,dp=2][,hash_algo=sha256_cbor][,hash_seed=S][,content_keys=true]` (repeatable).
+    /// [,topic=kv][,dp=2][,hash_algo=sha256_cbor][,hash_seed=S][,content_keys=true]
+    /// [,idle_reconnect_secs=30]` (repeatable).
     #[arg(long = "worker")]
     workers: Vec<String>,
     /// Attach the routing decision to every response.
@@ -250,13 +251,7 @@ fn parse_worker(s: &str) -> Result<WorkerSpec> {
             bail!("worker {s:?}: expected key=value, got {part:?}")
         };
         let v = v.trim().to_string();
-        let ev = || KvEventsSpec {
-            endpoint: String::new(),
-            replay_endpoint: None,
-            topic: String::new(),
-            host: None,
-            dialect: "vllm".into(),
-        };
+        let ev = || KvEventsSpec::new("");
         match k.trim() {
             "name" => w.name = v,
             "url" => w.url = v,
@@ -266,6 +261,7 @@ fn parse_worker(s: &str) -> Result<WorkerSpec> {
             "topic" => kv.get_or_insert_with(ev).topic = v,
             "host" => kv.get_or_insert_with(ev).host = Some(v),
             "dialect" => kv.get_or_insert_with(ev).dialect = v,
+            "idle_reconnect_secs" => kv.get_or_insert_with(ev).idle_reconnect_secs = v.parse()?,
             "dp" | "dp_size" => w.dp_size = v.parse()?,
             "hash_algo" => w.hash_algo = v,
             "hash_seed" => w.hash_seed = Some(v),

@@ -87,7 +87,7 @@ pub async fn start(
             replay_endpoint: w.replay.first().map(|e| as_wildcard(e)),
             topic: String::new(),
             host: Some("127.0.0.1".into()),
-            dialect: "vllm".into(),
+            ..KvEventsSpec::new("")
         });
         g.workers.push(spec);
     }

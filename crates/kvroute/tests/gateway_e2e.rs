@@ -315,7 +315,7 @@ async fn a_worker_streaming_garbage_events_does_not_spoil_the_others() {
         replay_endpoint: None,
         topic: String::new(),
         host: Some("127.0.0.1".into()),
-        dialect: "vllm".into(),
+        ..KvEventsSpec::new("")
     });
     let mut specs: Vec<WorkerSpec> = f.workers.iter().map(spec).collect();
     specs.push(bad);
@@ -591,7 +591,7 @@ async fn a_data_parallel_worker_is_followed_on_every_rank() {
         replay_endpoint: Some(format!("tcp://*:{replay}")),
         topic: String::new(),
         host: Some("127.0.0.1".into()),
-        dialect: "vllm".into(),
+        ..KvEventsSpec::new("")
     });
     let gw = gateway(vec![s]).await;
     for i in 0..6u32 {

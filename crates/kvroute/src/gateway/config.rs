@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// vLLM's `--kv-events-config`, as the engine was started with it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KvEventsSpec {
     /// The engine's `endpoint`. vLLM binds wildcard endpoints (`tcp://*:5557`): the router
@@ -38,10 +38,36 @@ pub struct KvEventsSpec {
     /// `vllm` (default) or `sglang`.
     #[serde(default = "default_dialect")]
     pub dialect: String,
+    /// A connected subscription that hears nothing for this long reconnects (and, with a
+    /// replay endpoint, asks what it missed): the SUB socket cannot tell a silent engine from
+    /// a cut connection. 0 never reconnects on silence.
+    #[serde(default = "default_idle_reconnect")]
+    pub idle_reconnect_secs: f64,
 }
 
 fn default_dialect() -> String {
     "vllm".into()
+}
+
+/// The default [`KvEventsSpec::idle_reconnect_secs`].
+pub const DEFAULT_IDLE_RECONNECT_SECS: f64 = 30.0;
+
+fn default_idle_reconnect() -> f64 {
+    DEFAULT_IDLE_RECONNECT_SECS
+}
+
+impl KvEventsSpec {
+    /// vLLM's defaults for an engine publishing on `endpoint`.
+    pub fn new(endpoint: impl Into<String>) -> KvEventsSpec {
+        KvEventsSpec {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            host: None,
+            dialect: default_dialect(),
+            idle_reconnect_secs: DEFAULT_IDLE_RECONNECT_SECS,
+        }
+    }
 }
 
 /// One engine behind the gateway.
@@ -333,6 +359,12 @@ impl WorkerSpec {
             if kvroute_wire::Dialect::parse(&k.dialect).is_none() {
                 return Err(format!(
                     "worker {}: kv_events.dialect must be vllm or sglang",
+                    self.name
+                ));
+            }
+            if !(k.idle_reconnect_secs.is_finite() && k.idle_reconnect_secs >= 0.0) {
+                return Err(format!(
+                    "worker {}: kv_events.idle_reconnect_secs must be 0 or a positive number of seconds",
                     self.name
                 ));
             }

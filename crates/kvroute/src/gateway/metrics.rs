@@ -3,7 +3,7 @@
 //! Owns: the registry and every metric the gateway publishes: requests and decisions by policy
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
 //! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
-//! given up), decision and proxy latency, snapshot writes and loads, connections per listener,
+//! given up), decision and proxy latency, worker failures by reason, snapshot writes and loads, connections per listener,
 //! discovery refreshes, discovered workers, fleet changes and configuration reloads, plus,
 //! rendered at scrape time, the index's counters and size and the wire intake's counters, and
 //! the front door's per-tenant figures (`TenantMetrics`).
@@ -39,6 +39,8 @@ pub struct Metrics {
     pub follow_ups: IntCounter,
     /// Workers ejected after failed requests in a row.
     pub ejections: IntCounterVec,
+    /// Worker-side request failures by reason ([`super::proxy::Failure`]).
+    pub upstream_failures: IntCounterVec,
     pub expected_follow_ups: Gauge,
     /// Snapshots written (`ok`, `failed`), loads at start (`loaded`, `absent`, `refused`), and
     /// the last write's duration and size.
@@ -251,6 +253,14 @@ impl Metrics {
             &["worker"],
         ));
         must(registry.register(Box::new(ejections.clone())));
+        let upstream_failures = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_upstream_failures_total",
+                "Requests a worker failed: refused, timeout, transport (reset or closed), status_5xx, body (reading a whole answer), stream_cut (after bytes went out)",
+            ),
+            &["worker", "reason"],
+        ));
+        must(registry.register(Box::new(upstream_failures.clone())));
         must(registry.register(Box::new(expected_follow_ups.clone())));
         let snapshot_writes = must(IntCounterVec::new(
             Opts::new(
@@ -389,6 +399,7 @@ impl Metrics {
             cached_forgone,
             follow_ups,
             ejections,
+            upstream_failures,
             expected_follow_ups,
             snapshot_writes,
             snapshot_loads,

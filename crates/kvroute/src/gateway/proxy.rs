@@ -491,9 +491,12 @@ pub(super) async fn forward(
         .map_err(|e| {
             // Refused connections eject at once; timeouts and resets count towards the streak.
             if e.is_connect() {
+                count_failure(st, worker, Failure::Refused);
                 worker.mark_failure();
+            } else if e.is_timeout() {
+                worker_failed(st, worker, Failure::Timeout);
             } else {
-                worker_failed(st, worker);
+                worker_failed(st, worker, Failure::Transport);
             }
             UpstreamError {
                 message: format!("{}: {e}", worker.spec.name),
@@ -502,26 +505,25 @@ pub(super) async fn forward(
         })?;
     let status = resp.status();
     if status.is_server_error() {
-        worker_failed(st, worker);
-        if !stream {
-            return Err(UpstreamError {
-                message: format!("{} answered {status}", worker.spec.name),
-                retryable: true,
-            });
-        }
-    } else {
-        worker.request_answered();
+        // Nothing reached the client yet, streamed or not: another worker may serve it.
+        worker_failed(st, worker, Failure::Status5xx);
+        return Err(UpstreamError {
+            message: format!("{} answered {status}", worker.spec.name),
+            retryable: true,
+        });
     }
     let ctype = resp.headers().get("content-type").cloned();
     let name = worker.spec.name.clone();
     if !stream || !status.is_success() {
         let bytes = resp.bytes().await.map_err(|e| {
-            worker_failed(st, worker);
+            worker_failed(st, worker, Failure::Body);
             UpstreamError {
                 message: format!("{name}: reading the response: {e}"),
                 retryable: true,
             }
         })?;
+        // A whole answer (any status below 500) ends the failure streak.
+        worker.request_answered();
         guard.prefill_done();
         st.metrics
             .proxy_seconds
@@ -547,8 +549,12 @@ pub(super) async fn forward(
     let worker2 = worker.clone();
     let mut first = true;
     let mut tail = Vec::<u8>::new();
+    let mut cut = false;
     let upstream = resp.bytes_stream();
     let body_stream = upstream.map(move |chunk| {
+        if cut {
+            return Ok::<Bytes, std::io::Error>(Bytes::new());
+        }
         if first {
             first = false;
             guard.prefill_done();
@@ -566,16 +572,30 @@ pub(super) async fn forward(
             if tail.len() > 16 * 1024 {
                 tail.drain(..tail.len() - 8 * 1024);
             }
-            if c.windows(6).any(|w| w == b"[DONE]") {
+            // `[DONE]` may straddle two chunks: look at this one and the bytes before it.
+            let recent = &tail[tail.len().saturating_sub(c.len() + 6)..];
+            if recent.windows(6).any(|w| w == b"[DONE]") {
+                // A stream that reached its end ends the failure streak; one that dies on
+                // the way does not (however many chunks it sent).
+                worker2.request_answered();
                 if let Some(rep) = last_usage_in_sse(&tail) {
                     record_error(&st2, &name, predicted, rep);
                 }
             }
         }
-        if chunk.is_err() {
-            worker_failed(&st2, &worker2);
+        match chunk {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                // Bytes went out: no retry. The client gets vLLM's mid-stream error event and
+                // a clean end instead of a connection cut in the middle of an event.
+                worker_failed(&st2, &worker2, Failure::StreamCut);
+                cut = true;
+                Ok(stream_error_event(
+                    &tail,
+                    &format!("{name}: the answer stopped: {e}"),
+                ))
+            }
         }
-        chunk.map_err(std::io::Error::other)
     });
     let mut r = Response::new(Body::from_stream(body_stream));
     if let Some(ct) = ctype {
@@ -584,8 +604,57 @@ pub(super) async fn forward(
     Ok(r)
 }
 
+/// What ends a stream whose upstream failed: the end of any event cut in half, vLLM's
+/// streaming error (`data: {"error": ...}`, which OpenAI's clients raise) and `[DONE]`.
+fn stream_error_event(sent: &[u8], message: &str) -> Bytes {
+    let mut out = Vec::new();
+    if !sent.is_empty() && !sent.ends_with(b"\n\n") {
+        out.extend_from_slice(b"\n\n");
+    }
+    let err = json!({"error": {"message": message, "type": "BadGatewayError", "param": null, "code": 502}});
+    out.extend_from_slice(format!("data: {err}\n\ndata: [DONE]\n\n").as_bytes());
+    Bytes::from(out)
+}
+
+/// Why a worker failed a request (the `reason` label of `kvroute_upstream_failures_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// The connection was refused.
+    Refused,
+    /// No whole answer within `request_timeout_secs`.
+    Timeout,
+    /// The connection reset or closed before an answer's head.
+    Transport,
+    Status5xx,
+    /// The head came, reading the rest of a whole (non-streamed) answer failed.
+    Body,
+    /// A stream stopped after bytes reached the client.
+    StreamCut,
+}
+
+impl Failure {
+    fn label(self) -> &'static str {
+        match self {
+            Failure::Refused => "refused",
+            Failure::Timeout => "timeout",
+            Failure::Transport => "transport",
+            Failure::Status5xx => "status_5xx",
+            Failure::Body => "body",
+            Failure::StreamCut => "stream_cut",
+        }
+    }
+}
+
+fn count_failure(st: &AppState, worker: &Worker, why: Failure) {
+    st.metrics
+        .upstream_failures
+        .with_label_values(&[&worker.spec.name, why.label()])
+        .inc();
+}
+
 /// Counts a worker-side failure; logs and counts the ejection it may cause.
-fn worker_failed(st: &AppState, worker: &Worker) {
+fn worker_failed(st: &AppState, worker: &Worker, why: Failure) {
+    count_failure(st, worker, why);
     if worker.request_failed() {
         tracing::warn!(
             worker = %worker.spec.name,
@@ -672,6 +741,26 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_cut_mid_event_is_closed_with_an_error_event_and_done() {
+        let b = stream_error_event(b"data: {\"choices\": [", "w0: gone");
+        let text = std::str::from_utf8(&b).unwrap();
+        assert!(text.starts_with("\n\ndata: {\"error\":"));
+        assert!(text.ends_with("data: [DONE]\n\n"));
+        let ev: Value = serde_json::from_str(
+            text.trim()
+                .lines()
+                .next()
+                .unwrap()
+                .trim_start_matches("data: "),
+        )
+        .unwrap();
+        assert_eq!(ev["error"]["message"], "w0: gone");
+        assert_eq!(ev["error"]["code"], 502);
+        // After a whole event nothing needs closing.
+        assert!(stream_error_event(b"data: x\n\n", "m").starts_with(b"data: {"));
+    }
 
     #[test]
     fn the_engine_reported_hit_is_read_from_usage() {

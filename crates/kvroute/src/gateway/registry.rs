@@ -467,6 +467,8 @@ impl Registry {
                 cfg.replay_endpoint = kv.replay_endpoint.clone();
                 cfg.topic = kv.topic.clone();
                 cfg.dialect = dialect;
+                cfg.idle_reconnect = (kv.idle_reconnect_secs > 0.0)
+                    .then(|| Duration::from_secs_f64(kv.idle_reconnect_secs));
                 cfg.resume = position;
                 let sink: Arc<dyn EventSink> = sink;
                 match spawn_subscription(cfg, sink, self.wire_stats.clone()) {

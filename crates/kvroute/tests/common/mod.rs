@@ -33,7 +33,7 @@ pub fn sim_spec(h: &SimHandle, model: &str, replay: bool) -> WorkerSpec {
         replay_endpoint,
         topic: String::new(),
         host: Some("127.0.0.1".into()),
-        dialect: "vllm".into(),
+        ..KvEventsSpec::new("")
     });
     s
 }

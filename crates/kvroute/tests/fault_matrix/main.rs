@@ -5,9 +5,14 @@
 //! true cache (group → hash → copies, from the engine itself) — or, while a loss cannot be
 //! repaired, hold nothing the engine lacks and say the rank is degraded — and predictions must
 //! be exact again: for probes, the gateway's prediction equals the cached tokens the engine
-//! then reports.
+//! then reports. `wire` adds the stream's own faults (duplicated, reordered and garbage
+//! batches, a replay endpoint answering garbage, a clock jump, the connection cut); `process`
+//! kills an engine's process and starts it again on the same ports.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod process;
+mod wire;
 
 use kvroute::gateway::config::WorkerSpec;
 use kvroute::gateway::{Gateway, GatewayHandle};
@@ -16,26 +21,30 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-const PRESET: &str = "tiny-qwen3-next";
+pub(crate) const PRESET: &str = "tiny-qwen3-next";
 
-type Contents = BTreeMap<u32, BTreeMap<u64, u32>>;
+pub(crate) type Contents = BTreeMap<u32, BTreeMap<u64, u32>>;
 
-async fn fleet(n: usize) -> Fleet {
+pub(crate) async fn fleet(n: usize) -> Fleet {
     let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
     cfg.speedup = 1000.0;
     cfg.engine.num_blocks = 96;
     Fleet::start(FleetOptions::new(cfg, n)).await.unwrap()
 }
 
-async fn gateway(specs: Vec<WorkerSpec>) -> GatewayHandle {
+pub(crate) async fn gateway(specs: Vec<WorkerSpec>) -> GatewayHandle {
     let gw = Gateway::start(common::gateway_config(specs)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     gw
 }
 
 /// The engine's own cache of rank 0: group → hash → copies.
-fn engine_contents(h: &SimHandle) -> Contents {
-    let v = h.worker.cache_state();
+pub(crate) fn engine_contents(h: &SimHandle) -> Contents {
+    contents_of(&h.worker.cache_state())
+}
+
+/// Rank 0's blocks in a simulated engine's cache state (`GET /admin/cache`).
+pub(crate) fn contents_of(v: &serde_json::Value) -> Contents {
     let mut out = Contents::new();
     if let Some(groups) = v["ranks"][0]["groups"].as_object() {
         for (g, hashes) in groups {
@@ -53,7 +62,7 @@ fn engine_contents(h: &SimHandle) -> Contents {
     out
 }
 
-fn index_contents(gw: &GatewayHandle, worker: &str) -> Contents {
+pub(crate) fn index_contents(gw: &GatewayHandle, worker: &str) -> Contents {
     gw.state
         .registry
         .index
@@ -63,7 +72,7 @@ fn index_contents(gw: &GatewayHandle, worker: &str) -> Contents {
 }
 
 /// Waits (bounded) until the index holds exactly what every engine holds.
-async fn converged(gw: &GatewayHandle, f: &Fleet) -> bool {
+pub(crate) async fn converged(gw: &GatewayHandle, f: &Fleet) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let all = f
@@ -80,7 +89,7 @@ async fn converged(gw: &GatewayHandle, f: &Fleet) -> bool {
     }
 }
 
-fn prompt(k: u32) -> Vec<u32> {
+pub(crate) fn prompt(k: u32) -> Vec<u32> {
     let p = k % 5;
     let mut v: Vec<u32> = (0..96).map(|i| (p * 211 + i * 17) % 900 + 5).collect();
     v.extend((0..(8 + 24 * (k % 4))).map(|i| (k * 13 + i * 7) % 900 + 5));
@@ -88,7 +97,7 @@ fn prompt(k: u32) -> Vec<u32> {
 }
 
 /// Requests `from..to` straight to the engines, in turn.
-async fn traffic(f: &Fleet, from: u32, to: u32) {
+pub(crate) async fn traffic(f: &Fleet, from: u32, to: u32) {
     let client = reqwest::Client::new();
     for k in from..to {
         let h = &f.workers[k as usize % f.workers.len()];
@@ -103,7 +112,7 @@ async fn traffic(f: &Fleet, from: u32, to: u32) {
 }
 
 /// For a few probes on each engine: the gateway's prediction, then the engine's answer.
-async fn assert_exact(gw: &GatewayHandle, f: &Fleet) {
+pub(crate) async fn assert_exact(gw: &GatewayHandle, f: &Fleet) {
     let mut hits = 0;
     for h in &f.workers {
         for k in [1u32, 7, 12] {
@@ -124,7 +133,25 @@ async fn assert_exact(gw: &GatewayHandle, f: &Fleet) {
     assert!(hits > 0, "some probes hit the cache");
 }
 
-fn specs(f: &Fleet, replay: bool) -> Vec<WorkerSpec> {
+/// Never more than the engine holds: the rank was cleared before the loss.
+pub(crate) fn assert_holds_nothing_extra(gw: &GatewayHandle, h: &SimHandle) {
+    let engine = engine_contents(h);
+    for (g, blocks) in index_contents(gw, &h.name) {
+        for (hash, n) in blocks {
+            let held = engine
+                .get(&g)
+                .and_then(|m| m.get(&hash))
+                .copied()
+                .unwrap_or(0);
+            assert!(
+                n <= held,
+                "group {g} block {hash}: index {n}, engine {held}"
+            );
+        }
+    }
+}
+
+pub(crate) fn specs(f: &Fleet, replay: bool) -> Vec<WorkerSpec> {
     f.workers
         .iter()
         .map(|h| common::sim_spec(h, PRESET, replay))
@@ -181,14 +208,7 @@ async fn without_a_replay_endpoint_a_loss_degrades_the_rank_with_nothing_extra_u
         1,
         "the unfilled gap is reported"
     );
-    // Never more than the engine holds: the rank was cleared before the loss.
-    let engine = engine_contents(&f.workers[0]);
-    for (g, blocks) in index_contents(&gw, "w0") {
-        for (h, n) in blocks {
-            let held = engine.get(&g).and_then(|m| m.get(&h)).copied().unwrap_or(0);
-            assert!(n <= held, "group {g} block {h}: index {n}, engine {held}");
-        }
-    }
+    assert_holds_nothing_extra(&gw, &f.workers[0]);
     // The engine restarts empty: its stream from seq 0 rebuilds the rank.
     f.workers[0].worker.restart(true).unwrap();
     traffic(&f, 12, 16).await;
@@ -207,11 +227,26 @@ async fn several_faults_at_once_on_two_engines_leave_the_index_equal_to_both() {
     let f = fleet(2).await;
     let gw = gateway(specs(&f, true)).await;
     traffic(&f, 0, 8).await;
-    // w0 drops and delays batches; w1 restarts empty in the middle of the traffic.
-    f.workers[0].worker.set_faults(Some(3), Some(20));
+    // w0 drops, delays and repeats batches with its clock an hour ahead; w1 restarts empty in
+    // the middle of the traffic, then drops and reorders batches.
+    f.workers[0]
+        .worker
+        .set_wire_faults(&kvroute_sim::WireFaults {
+            drop_batches: Some(3),
+            delay_ms: Some(20),
+            duplicate_batches: Some(2),
+            clock_offset_ms: Some(3_600_000),
+            ..Default::default()
+        });
     traffic(&f, 8, 12).await;
     f.workers[1].worker.restart(true).unwrap();
-    f.workers[1].worker.set_faults(Some(2), None);
+    f.workers[1]
+        .worker
+        .set_wire_faults(&kvroute_sim::WireFaults {
+            drop_batches: Some(2),
+            reorder_batches: Some(2),
+            ..Default::default()
+        });
     traffic(&f, 12, 20).await;
     f.workers[0].worker.set_faults(None, Some(0));
     traffic(&f, 20, 22).await;

@@ -4,7 +4,7 @@
 //! (their in-flight requests finish) and then lose their index state; DNS failures and
 //! malformed files cost nothing that was there.
 
-mod common;
+use crate::common;
 
 use hickory_resolver::proto::op::{Message, ResponseCode};
 use hickory_resolver::proto::rr::rdata::{A, SOA, SRV};

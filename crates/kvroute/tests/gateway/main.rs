@@ -1,13 +1,18 @@
-//! The gateway's smaller integration suites, in one test binary (one link instead of six):
+//! The gateway's smaller integration suites, in one test binary (one link instead of ten):
 //! the circuit breaker, LoRA adapters, engine generations, several replicas, the front and
-//! admin API's errors, and disaggregated prefill and decode. Each module says what it covers.
+//! admin API's errors, disaggregated prefill and decode, workers failing over HTTP, tenants at
+//! the front door, configuration reload and worker discovery. Each module says what it covers.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod breaker;
 mod disagg;
+mod discovery;
 mod engines;
 mod errors;
 mod lora;
+mod reload;
 mod replicas;
+mod tenants;
+mod worker_faults;

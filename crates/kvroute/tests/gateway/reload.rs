@@ -3,7 +3,7 @@
 //! is rejected whole with the reason and the old configuration stays; `kvroute serve` reloads
 //! on SIGHUP.
 
-mod common;
+use crate::common;
 
 use kvroute::gateway::config::GatewayConfig;
 use kvroute::gateway::reload::ConfigSource;

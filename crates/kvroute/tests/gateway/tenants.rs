@@ -6,7 +6,7 @@
 //! Pass/fail never depends on timing: rates are slow enough that no refill lands within a
 //! test, and requests are held in flight by pausing the simulated engine.
 
-mod common;
+use crate::common;
 
 use futures_util::future::join_all;
 use kvroute::gateway::tenants::TenantSpec;
