@@ -4,7 +4,7 @@
 //! `num_cached_tokens` must equal the engine's, and the events of each engine step must equal
 //! the recorded batch (timestamps aside), batch by batch.
 
-mod common;
+use crate::common;
 
 use common::corpus::{self, Recorded};
 use kvroute_index::Event;

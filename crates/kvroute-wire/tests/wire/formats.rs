@@ -1,6 +1,6 @@
 //! Every accepted generation of the format decodes to the same normalized events.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kvroute_index::{CacheKind, Cleared, EngineHash, Event, KeyValue, Removed, Stored, WorkerId};

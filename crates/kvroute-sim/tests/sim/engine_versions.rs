@@ -4,7 +4,7 @@
 //! token exists; a 0.32 worker with the same drafter publishes plain stores and drops the
 //! last matched block.
 
-mod common;
+use crate::common;
 
 use common::subscriber::{stores, subscribed_worker};
 use common::{get, post};

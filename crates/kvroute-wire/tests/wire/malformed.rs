@@ -1,7 +1,7 @@
 //! A table of malformed inputs: each asserts the exact reason it is refused with, what it
 //! costs (batch, event or field), and that the next good batch still decodes.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kvroute_index::WorkerId;

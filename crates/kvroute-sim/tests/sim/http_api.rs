@@ -1,6 +1,6 @@
 //! The OpenAI-compatible API of a simulated worker, over real sockets.
 
-mod common;
+use crate::common;
 
 use common::{get, post, request};
 use kvroute_sim::{Fleet, WorkerConfig};

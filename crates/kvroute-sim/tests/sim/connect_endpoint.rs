@@ -2,7 +2,7 @@
 //! vLLM does: it serves HTTP at once with nobody listening, delivers events to a subscriber
 //! that binds later, and reconnects to one that restarts — on every DP rank's port.
 
-mod common;
+use crate::common;
 
 use common::{get, post};
 use kvroute_sim::{fleet, PublisherConfig, WorkerConfig};

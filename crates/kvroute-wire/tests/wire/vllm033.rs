@@ -3,7 +3,7 @@
 //! with hashes computed as a 0.33 engine with lookahead hashes computes them: the field is
 //! decoded, kept in the normalized event, and lets the index's live hash check verify the store.
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use common::*;

@@ -10,7 +10,7 @@
 //! `usage.prompt_tokens_details.cached_tokens` must equal the engine's hit, and the events the
 //! subscriber receives must equal the recorded events (timestamps aside).
 
-mod common;
+use crate::common;
 
 use common::corpus::{self, Corpus};
 use common::{get, post};

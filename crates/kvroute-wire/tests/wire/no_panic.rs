@@ -1,7 +1,7 @@
 //! Arbitrary bytes never panic the decoders; mutated real batches never panic either, and a
 //! well-formed batch of any shape loses no event.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kvroute_index::WorkerId;

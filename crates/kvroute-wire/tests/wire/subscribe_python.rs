@@ -2,7 +2,7 @@
 //! batches the way the engines do, in both replay-reply layouts. Skipped (with a message) only
 //! when python3 or those modules are missing; `.ci/run` installs them.
 
-mod common;
+use crate::common;
 
 use common::sink::{wait_for, Collected};
 use kvroute_wire::{

@@ -9,7 +9,7 @@ use kvroute_wire::{decode_message, DecodedBatch};
 use std::collections::{BTreeMap, HashSet};
 
 fn messages() -> Vec<(Vec<u8>, u64, DecodedBatch)> {
-    let text = include_str!("data/gemma3-basic/frames.jsonl");
+    let text = include_str!("../data/gemma3-basic/frames.jsonl");
     let worker: WorkerId = "w0".into();
     let b64 = base64::engine::general_purpose::STANDARD;
     text.lines()

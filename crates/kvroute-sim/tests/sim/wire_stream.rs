@@ -2,7 +2,7 @@
 //! batches, replay in both reply layouts, dropped batches, publisher restarts, DP ranks on
 //! consecutive ports and the older array layout.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::post;

@@ -3,7 +3,7 @@
 //! request naming an adapter hashes its blocks with `("lora", name, path)` and its stores name
 //! the adapter (`lora_name`, `lora_id`); base-model and adapter requests never share blocks.
 
-mod common;
+use crate::common;
 
 use common::subscriber::{stores, subscribed_worker};
 use common::{get, post};

@@ -1,7 +1,7 @@
 //! Live subscriptions against real ZMQ sockets on loopback, with an in-process publisher that
 //! behaves like vLLM's. Every wait is bounded.
 
-mod common;
+use crate::common;
 
 use common::publisher::{Layout, TestPublisher};
 use common::sink::{wait_for, Collected};
