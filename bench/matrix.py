@@ -3,9 +3,10 @@
     python3 bench/matrix.py bench/out
 
 One row per cell (workload.preset.pool.load) and router: reuse, the arrival-time oracle, TTFT
-p50/p99 (engine time), failures, as means over the repeated runs with their range; then, per
-cell, kvroute hybrid-aware against the best peer (SMG and vllm-router policies). Writes the
-table to OUT/matrix.md too.
+p50/p99 (engine time), inter-token latency and end-to-end latency p50 (client time),
+failures, as means over the repeated runs with their range; then, per cell, kvroute
+hybrid-aware against the best peer (SMG and vllm-router policies). Writes the table to
+OUT/matrix.md too.
 """
 import collections
 import json
@@ -29,14 +30,21 @@ def load(out):
     return runs
 
 
+def get(r, key):
+    """A figure of one run: `key` or `key.sub` (e.g. `e2e_ms.p50`)."""
+    for k in key.split("."):
+        r = r[k]
+    return r
+
+
 def mean(rs, key):
-    return statistics.fmean(r[key] for r in rs)
+    return statistics.fmean(get(r, key) for r in rs)
 
 
 def spread(rs, key, scale=1.0, digits=1):
     if len(rs) < 2:
         return ""
-    lo, hi = min(r[key] for r in rs) * scale, max(r[key] for r in rs) * scale
+    lo, hi = min(get(r, key) for r in rs) * scale, max(get(r, key) for r in rs) * scale
     return f" ({lo:.{digits}f}–{hi:.{digits}f})"
 
 
@@ -53,10 +61,10 @@ def busiest(rs):
 def main(out):
     runs = load(out)
     cells = sorted({c for c, _ in runs})
-    lines = ["| cell | router | runs | reuse % | oracle % | TTFT p50 ms | TTFT p99 ms | req/s | busiest worker | failed |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    verdicts = ["", "| cell | kvroute p50 / best peer | kvroute p99 / best peer | kvroute reuse − best peer (pts) | of oracle | hybrid − blind reuse (pts) |",
-                "|---|---|---|---|---|---|"]
+    lines = ["| cell | router | runs | reuse % | oracle % | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | e2e p50 ms | req/s | busiest worker | failed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    verdicts = ["", "| cell | kvroute p50 / best peer | kvroute p99 / best peer | e2e p50 / best peer | kvroute reuse − best peer (pts) | of oracle | hybrid − blind reuse (pts) |",
+                "|---|---|---|---|---|---|---|"]
     for cell in cells:
         for router in ORDER:
             rs = runs.get((cell, router))
@@ -65,7 +73,9 @@ def main(out):
             lines.append(
                 f"| {cell} | {router} | {len(rs)} | {mean(rs, 'reuse') * 100:.1f}{spread(rs, 'reuse', 100)} "
                 f"| {mean(rs, 'oracle_reuse') * 100:.1f} | {mean(rs, 'ttft_p50_ms'):.0f}{spread(rs, 'ttft_p50_ms', 1, 0)} "
-                f"| {mean(rs, 'ttft_p99_ms'):.0f}{spread(rs, 'ttft_p99_ms', 1, 0)} | {mean(rs, 'throughput_rps'):.1f} "
+                f"| {mean(rs, 'ttft_p99_ms'):.0f}{spread(rs, 'ttft_p99_ms', 1, 0)} "
+                f"| {mean(rs, 'itl_ms.p50'):.1f} | {mean(rs, 'e2e_ms.p50'):.0f}{spread(rs, 'e2e_ms.p50', 1, 0)} "
+                f"| {mean(rs, 'throughput_rps'):.1f} "
                 f"| {busiest(rs)} | {sum(r['failed'] for r in rs)} |")
         k = runs.get((cell, "kvroute-hybrid"))
         peers = [runs[(cell, p)] for p in PEERS if (cell, p) in runs]
@@ -73,12 +83,14 @@ def main(out):
             continue
         best50 = min(mean(p, "ttft_p50_ms") for p in peers)
         best99 = min(mean(p, "ttft_p99_ms") for p in peers)
+        best_e2e = min(mean(p, "e2e_ms.p50") for p in peers)
         best_reuse = max(mean(p, "reuse") for p in peers)
         blind = runs.get((cell, "kvroute-blind"))
         hb = f"{(mean(k, 'reuse') - mean(blind, 'reuse')) * 100:+.1f}" if blind else "–"
         oracle = mean(k, "oracle_reuse")
         verdicts.append(
             f"| {cell} | {mean(k, 'ttft_p50_ms') / best50:.2f} | {mean(k, 'ttft_p99_ms') / best99:.2f} "
+            f"| {mean(k, 'e2e_ms.p50') / best_e2e:.2f} "
             f"| {(mean(k, 'reuse') - best_reuse) * 100:+.1f} | {mean(k, 'reuse') / oracle * 100 if oracle else 0:.0f} % | {hb} |")
     text = "\n".join(lines + verdicts) + "\n"
     (pathlib.Path(out) / "matrix.md").write_text(text)

@@ -102,6 +102,9 @@ pub struct BenchArgs {
     /// The in-process gateway's pricing of the wait a request adds to others (true | false).
     #[arg(long)]
     delay_to_others: Option<bool>,
+    /// The in-process gateway's pricing of decode interference (true | false).
+    #[arg(long)]
+    decode_interference: Option<bool>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -166,6 +169,7 @@ impl BenchArgs {
             junction_weight: self.junction_weight,
             later_turns: self.later_turns,
             delay_to_others: self.delay_to_others,
+            decode_interference: self.decode_interference,
         })
     }
 }

@@ -220,6 +220,10 @@ struct ServeArgs {
     /// behind it on the worker (true, the default) or leave it out (false).
     #[arg(long)]
     delay_to_others: Option<bool>,
+    /// Cost model ttft: price the decode slowdown a request and the requests running on the
+    /// worker cause each other (true, the default) or leave it out (false).
+    #[arg(long)]
+    decode_interference: Option<bool>,
     /// μ: credit per full-attention prefix token beyond the hit (hybrid-aware).
     #[arg(long)]
     junction_weight: Option<f64>,
@@ -365,6 +369,9 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(d) = a.delay_to_others {
         cfg.weights.delay_to_others = d;
+    }
+    if let Some(d) = a.decode_interference {
+        cfg.weights.decode_interference = d;
     }
     cfg.explain_always |= a.explain_always;
     if a.snapshot_path.is_some() {

@@ -613,7 +613,7 @@ async fn a_data_parallel_worker_is_followed_on_every_rank() {
 }
 
 #[tokio::test]
-async fn streamed_answers_teach_the_ttft_model_and_each_decision_shows_its_estimate() {
+async fn streamed_answers_teach_the_ttft_and_decode_models_and_each_decision_shows_its_estimate() {
     let f = fleet(2).await;
     let gw = gateway(f.workers.iter().map(spec).collect()).await;
     let client = reqwest::Client::new();
@@ -624,7 +624,10 @@ async fn streamed_answers_teach_the_ttft_model_and_each_decision_shows_its_estim
             .collect();
         let r = client
             .post(format!("http://{}/v1/completions", gw.addr))
-            .json(&json!({"prompt": prompt, "max_tokens": 2, "stream": true}))
+            .json(
+                &json!({"prompt": prompt, "max_tokens": 3 + k % 2, "stream": true,
+                "stream_options": {"include_usage": k % 2 == 0}}),
+            )
             .send()
             .await
             .unwrap();
@@ -663,6 +666,18 @@ async fn streamed_answers_teach_the_ttft_model_and_each_decision_shows_its_estim
     assert_eq!(per_worker, 24);
     assert_eq!(admin["fleet_ttft_model"]["samples"], 24);
     assert_eq!(estimates.len(), 24);
+    // Each answer's tokens and inter-token latency were read from its stream, with the
+    // engine's usage or without: answers of 3 and 4 tokens.
+    assert_eq!(admin["fleet_decode_model"]["samples"], 24, "{admin}");
+    let mean = admin["mean_output_tokens"].as_f64().unwrap();
+    assert!((3.0..=4.0).contains(&mean), "{mean}");
+    let per_worker: u64 = admin["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["decode_model"]["samples"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_worker, 24);
     gw.shutdown().await;
 }
 

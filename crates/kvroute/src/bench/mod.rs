@@ -124,6 +124,8 @@ pub struct BenchOptions {
     pub later_turns: Option<bool>,
     /// The in-process gateway's `weights.delay_to_others` (default: the gateway's own).
     pub delay_to_others: Option<bool>,
+    /// The in-process gateway's `weights.decode_interference` (default: the gateway's own).
+    pub decode_interference: Option<bool>,
 }
 
 impl Default for BenchOptions {
@@ -159,6 +161,7 @@ impl Default for BenchOptions {
             junction_weight: None,
             later_turns: None,
             delay_to_others: None,
+            decode_interference: None,
         }
     }
 }
@@ -180,6 +183,9 @@ async fn start_kvroute(
     }
     if let Some(d) = o.delay_to_others {
         weights.delay_to_others = d;
+    }
+    if let Some(d) = o.decode_interference {
+        weights.decode_interference = d;
     }
     weights.cost = simfleet::cost_for(o.speedup, o.cost);
     let shape = FleetShape {

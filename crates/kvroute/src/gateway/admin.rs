@@ -81,6 +81,8 @@ pub async fn list(State(st): State<Arc<AppState>>) -> Response {
         "policy": st.policy().name(),
         "workers": workers,
         "fleet_ttft_model": st.registry.fleet_ttft.view(),
+        "fleet_decode_model": st.registry.fleet_decode.view(),
+        "mean_output_tokens": st.registry.output_tokens.mean(),
         "conversations": {
             "expected_follow_ups": k,
             "turn_cycle_ms": cycle.map(|(gap, _)| gap),
@@ -194,6 +196,7 @@ pub async fn explain(State(st): State<Arc<AppState>>, Json(b): Json<ExplainBody>
         extras,
         false,
         st.registry.follow_ups.extends_earlier(&b.tokens),
+        None,
         st.policy(),
         &st.config().weights,
         0,

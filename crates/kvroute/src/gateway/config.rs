@@ -447,6 +447,11 @@ pub struct PolicyWeights {
     /// requests' waits out.
     #[serde(default = "default_later_turns")]
     pub delay_to_others: bool,
+    /// Cost model `ttft`: add, for each candidate, the end-to-end latency this request's
+    /// decode adds to the requests running there and theirs to it (`2·δ·output·running`,
+    /// [`super::decoding`]). `false` leaves decoding out.
+    #[serde(default = "default_later_turns")]
+    pub decode_interference: bool,
 }
 
 fn default_later_turns() -> bool {
@@ -493,6 +498,7 @@ impl Default for PolicyWeights {
             cost: CostModel::default(),
             later_turns: default_later_turns(),
             delay_to_others: default_later_turns(),
+            decode_interference: default_later_turns(),
         }
     }
 }

@@ -11,6 +11,7 @@
 use super::arrivals::delay_to_others_ms;
 use super::config::PolicyWeights;
 use super::conversations::conversation_cost_ms;
+use super::decoding::decode_interference_ms;
 use super::pending::{prompt_checkpoint, Forecast, Prompt};
 use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
@@ -107,6 +108,7 @@ pub fn decide<'a>(
         extras,
         skip_prefix_cache,
         follow_up,
+        None,
         policy,
         weights,
         rr,
@@ -116,7 +118,7 @@ pub fn decide<'a>(
 
 /// Ranks `workers` for a request hashed with `extras` (its salt and LoRA adapter key);
 /// `follow_up`: whether it extends an earlier prompt (the caller asked the follow-up tracker,
-/// [`super::sessions::FollowUps`]). The request is hashed once; per-group evidence is computed
+/// [`super::sessions::FollowUps`]); `max_tokens`: the request's cap on its answer. The request is hashed once; per-group evidence is computed
 /// (for the chosen worker only) when `evidence` is set.
 #[allow(clippy::too_many_arguments)]
 pub fn decide_with<'a>(
@@ -126,6 +128,7 @@ pub fn decide_with<'a>(
     extras: BlockExtras,
     skip_prefix_cache: bool,
     follow_up: bool,
+    max_tokens: Option<u64>,
     policy: PolicyKind,
     weights: &PolicyWeights,
     rr: u64,
@@ -237,6 +240,12 @@ pub fn decide_with<'a>(
     let now = std::time::Instant::now();
     let cycle = registry.turns.cycle().filter(|_| follow_ups > 0.0);
     let life_ms = cycle.map_or(0.0, |(gap, _)| follow_ups * gap);
+    // Its decode shares every step with the requests running where it goes.
+    let output_tokens = if policy.uses_cache() {
+        registry.output_tokens.expected(max_tokens)
+    } else {
+        0.0
+    };
     let cands: Vec<Candidate> = workers
         .iter()
         .map(|w| {
@@ -275,6 +284,11 @@ pub fn decide_with<'a>(
             });
             let later_turns_ms = conversation_ms - own_turns_ms
                 + (follow_ups * w.ttft.load_wait_ms()).max(own_turns_ms);
+            let decode_interference_ms = decode_interference_ms(
+                w.decode.delta(&registry.fleet_decode),
+                output_tokens,
+                w.running(),
+            );
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
@@ -285,6 +299,7 @@ pub fn decide_with<'a>(
                 predicted_ttft_ms,
                 later_turns_ms,
                 delay_to_others_ms,
+                decode_interference_ms,
                 own_prefill_ms: own_ms,
                 live_conversations: live,
                 load_delay_ms,
@@ -446,6 +461,67 @@ mod tests {
     }
 
     #[test]
+    fn a_request_goes_where_its_decode_slows_the_fewest_running_requests() {
+        let (registry, workers) = fleet(&["a", "b"]);
+        // Both serve the prompt from cache alike; "a" sorts first and has 6 requests running.
+        let prompt = [7u32; 64];
+        store(&registry, "a", &prompt);
+        store(&registry, "b", &prompt);
+        workers[0]
+            .in_flight
+            .store(6, std::sync::atomic::Ordering::Relaxed);
+        // Each running request adds 0.5 ms to a token; answers are 40 tokens long.
+        for i in 0..64u64 {
+            let r = (i % 8) as f64;
+            registry.fleet_decode.observe(0.0, r, 6.0 + 0.5 * r);
+        }
+        for _ in 0..8 {
+            registry.output_tokens.observe(40);
+        }
+        let run = |weights: &PolicyWeights, max_tokens: Option<u64>| {
+            decide_with(
+                &registry,
+                &workers,
+                &prompt,
+                BlockExtras::default(),
+                false,
+                true,
+                max_tokens,
+                PolicyKind::HybridAware,
+                weights,
+                0,
+                false,
+            )
+            .decision
+        };
+        let d = run(&PolicyWeights::default(), None);
+        let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
+        let b = d.candidates.iter().find(|c| c.worker == "b").unwrap();
+        let delta = registry.fleet_decode.ms_per_running();
+        assert!((delta - 0.5).abs() < 0.01, "{delta}");
+        assert!(
+            (a.decode_interference_ms - 2.0 * delta * 40.0 * 6.0).abs() < 1e-6,
+            "{a:?}"
+        );
+        assert_eq!(b.decode_interference_ms, 0.0);
+        assert_eq!(d.worker, "b");
+        // A short answer brings less: capped by the request's max_tokens.
+        let short = run(&PolicyWeights::default(), Some(4));
+        let a4 = short.candidates.iter().find(|c| c.worker == "a").unwrap();
+        assert!((a4.decode_interference_ms - 2.0 * delta * 4.0 * 6.0).abs() < 1e-6);
+        // Switched off, the decode is not priced.
+        let off = PolicyWeights {
+            decode_interference: false,
+            ..PolicyWeights::default()
+        };
+        let d = run(&off, None);
+        let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
+        assert!(
+            (a.cost - a.predicted_ttft_ms - a.later_turns_ms - a.delay_to_others_ms).abs() < 1e-6
+        );
+    }
+
+    #[test]
     fn a_new_conversation_is_priced_with_the_conversations_living_on_each_worker() {
         let (registry, workers) = fleet(&["a", "b"]);
         // Conversations of five turns, a turn a second, 100 ms of prefill each: every
@@ -467,6 +543,7 @@ mod tests {
                 BlockExtras::default(),
                 false,
                 follow_up,
+                None,
                 PolicyKind::HybridAware,
                 &PolicyWeights::default(),
                 0,

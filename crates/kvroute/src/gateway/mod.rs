@@ -14,6 +14,7 @@ pub mod arrivals;
 pub mod config;
 pub mod conversations;
 pub mod decide;
+pub mod decoding;
 pub mod disagg;
 pub mod discovery;
 pub mod engine_load;

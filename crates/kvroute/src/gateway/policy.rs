@@ -97,6 +97,10 @@ pub struct Candidate {
     /// worker before its first token (ms; [`super::arrivals`]).
     #[serde(skip_serializing_if = "is_zero_f")]
     pub delay_to_others_ms: f64,
+    /// The end-to-end latency this request's decode here and the requests running here cost
+    /// each other (ms; [`super::decoding`]).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub decode_interference_ms: f64,
     /// The wait this worker's load adds to a request sent there now (ms).
     pub load_delay_ms: f64,
     /// What the prediction was made from.
@@ -183,7 +187,12 @@ pub fn rank(
                         } else {
                             0.0
                         };
-                        c.predicted_ttft_ms + later + others
+                        let decode = if weights.decode_interference {
+                            c.decode_interference_ms
+                        } else {
+                            0.0
+                        };
+                        c.predicted_ttft_ms + later + others + decode
                             - weights.junction * c.junction as f64 * c.ms_per_token
                     }
                     CostModel::Tokens => {
@@ -218,6 +227,7 @@ mod tests {
             predicted_ttft_ms: 0.0,
             later_turns_ms: 0.0,
             delay_to_others_ms: 0.0,
+            decode_interference_ms: 0.0,
             own_prefill_ms: 0.0,
             live_conversations: 0.0,
             load_delay_ms: 0.0,

@@ -235,6 +235,10 @@ async fn route(
     // ranked here, with the conversation bookkeeping below.
     let pd = disagg::pools(&workers);
     let weights = st.config().weights.clone();
+    let max_tokens = req
+        .get("max_tokens")
+        .and_then(Value::as_u64)
+        .or_else(|| req.get("max_completion_tokens").and_then(Value::as_u64));
     let rank_pool = |pool: &[Arc<Worker>], extras: BlockExtras| {
         decide_with(
             &st.registry,
@@ -243,6 +247,7 @@ async fn route(
             extras,
             skip,
             follow_up,
+            max_tokens,
             policy,
             &weights,
             rr,
@@ -536,6 +541,9 @@ pub(super) async fn forward(
             if let Some(reported) = reported_cached(&bytes) {
                 record_error(st, &name, predicted, reported);
             }
+            if let Some(n) = completion_tokens(&bytes) {
+                st.registry.output_tokens.observe(n);
+            }
         }
         let mut r = Response::new(Body::from(bytes));
         *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -550,6 +558,7 @@ pub(super) async fn forward(
     let mut first = true;
     let mut tail = Vec::<u8>::new();
     let mut cut = false;
+    let mut decode = DecodeTiming::default();
     let upstream = resp.bytes_stream();
     let body_stream = upstream.map(move |chunk| {
         if cut {
@@ -558,6 +567,9 @@ pub(super) async fn forward(
         if first {
             first = false;
             guard.prefill_done();
+            // What this one decodes beside: the prefill still queued and the others running
+            // (it counts itself).
+            decode.start(worker2.queued_tokens(), worker2.running().saturating_sub(1));
             if let (Some(w), Ok(_)) = (&work, &chunk) {
                 observe_ttft(&st2, &worker2, w, started.elapsed());
             }
@@ -572,6 +584,7 @@ pub(super) async fn forward(
             if tail.len() > 16 * 1024 {
                 tail.drain(..tail.len() - 8 * 1024);
             }
+            decode.chunk(c);
             // `[DONE]` may straddle two chunks: look at this one and the bytes before it.
             let recent = &tail[tail.len().saturating_sub(c.len() + 6)..];
             if recent.windows(6).any(|w| w == b"[DONE]") {
@@ -581,6 +594,7 @@ pub(super) async fn forward(
                 if let Some(rep) = last_usage_in_sse(&tail) {
                     record_error(&st2, &name, predicted, rep);
                 }
+                decode.finish(&st2, &worker2, last_completion_tokens_in_sse(&tail));
             }
         }
         match chunk {
@@ -690,6 +704,61 @@ pub fn reported_cached(body: &[u8]) -> Option<u64> {
         .get("prompt_tokens_details")?
         .get("cached_tokens")?
         .as_u64()
+}
+
+/// `usage.completion_tokens` of a whole answer.
+fn completion_tokens(body: &[u8]) -> Option<u64> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    v.get("usage")?.get("completion_tokens")?.as_u64()
+}
+
+fn last_completion_tokens_in_sse(tail: &[u8]) -> Option<u64> {
+    let text = String::from_utf8_lossy(tail);
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| d.contains("completion_tokens"))
+        .filter_map(|d| completion_tokens(d.as_bytes()))
+        .next_back()
+}
+
+/// A stream's decode, for the decode model and the mean answer length: when its first chunk
+/// came and how many were running beside it then, when the last one came, and how many
+/// events carried tokens.
+#[derive(Default)]
+struct DecodeTiming {
+    /// When the first chunk came, the prefill then queued there and the others running.
+    first: Option<(Instant, u64, u64)>,
+    last: Option<Instant>,
+    events: u64,
+}
+
+impl DecodeTiming {
+    fn start(&mut self, queued_tokens: u64, others_running: u64) {
+        self.first = Some((Instant::now(), queued_tokens, others_running));
+    }
+
+    fn chunk(&mut self, c: &[u8]) {
+        self.last = Some(Instant::now());
+        // One event per `data: {` (a token each, as vLLM streams by default).
+        self.events += c.windows(7).filter(|w| w == b"data: {").count() as u64;
+    }
+
+    /// At `[DONE]`: the answer's length (the engine's count when the client asked for usage,
+    /// which also adds the usage-only event; else the events) and its mean inter-token
+    /// latency.
+    fn finish(&mut self, st: &AppState, worker: &Worker, reported: Option<u64>) {
+        let tokens = reported.unwrap_or(self.events).max(1);
+        st.registry.output_tokens.observe(tokens);
+        if let (Some((t0, queued, others)), Some(t1)) = (self.first.take(), self.last) {
+            if tokens >= 2 {
+                let itl_ms =
+                    t1.saturating_duration_since(t0).as_secs_f64() * 1e3 / (tokens - 1) as f64;
+                let (q, r) = (queued as f64, others as f64);
+                worker.decode.observe(q, r, itl_ms);
+                st.registry.fleet_decode.observe(q, r, itl_ms);
+            }
+        }
+    }
 }
 
 fn last_usage_in_sse(tail: &[u8]) -> Option<u64> {

@@ -15,6 +15,7 @@
 use super::arrivals::Arrivals;
 use super::config::WorkerSpec;
 use super::conversations::{Live, TurnStats};
+use super::decoding::{DecodeModel, OutputTokens};
 use super::engine_load::EngineLoad;
 use super::intake::RankSink;
 use super::pending::{Pending, Prompt};
@@ -62,6 +63,8 @@ pub struct Worker {
     pub pending: Pending,
     /// This worker's TTFT, learned from what it answered.
     pub ttft: TtftModel,
+    /// Its inter-token latency against the requests running there ([`super::decoding`]).
+    pub decode: DecodeModel,
     /// The conversations living here (started or moved here, fading with their expected life).
     pub live: Live,
     /// The rate of requests routed here (the delay-to-others charge).
@@ -127,6 +130,7 @@ pub struct WorkerView {
     pub adapters: BTreeMap<String, String>,
     /// The worker's learned TTFT model.
     pub ttft_model: super::ttft::TtftView,
+    pub decode_model: super::decoding::DecodeView,
 }
 
 impl Worker {
@@ -160,6 +164,7 @@ impl Worker {
             sinks: Mutex::new(Vec::new()),
             pending: Pending::default(),
             ttft: TtftModel::default(),
+            decode: DecodeModel::default(),
             live: Live::default(),
             arrivals: Arrivals::default(),
         }
@@ -293,6 +298,7 @@ impl Worker {
             eagle_drop: rules.eagle_drop,
             adapters: self.adapters.read().clone(),
             ttft_model: self.ttft.view(),
+            decode_model: self.decode.view(),
         }
     }
 }
@@ -364,6 +370,10 @@ pub struct Registry {
     pub index: Arc<Index>,
     /// The TTFT model of the whole fleet: what a worker predicts from until it has its own.
     pub fleet_ttft: TtftModel,
+    /// The fleet's decode model, which workers borrow until they have their own, and its mean
+    /// answer length.
+    pub fleet_decode: DecodeModel,
+    pub output_tokens: OutputTokens,
     /// How many further requests a conversation brings (the policy's horizon).
     pub follow_ups: FollowUps,
     /// The fleet's turn cycle and follow-up prefill (the conversation charge).
@@ -377,6 +387,8 @@ impl Registry {
             workers: RwLock::new(BTreeMap::new()),
             index,
             fleet_ttft: TtftModel::default(),
+            fleet_decode: DecodeModel::default(),
+            output_tokens: OutputTokens::default(),
             follow_ups: FollowUps::default(),
             turns: TurnStats::default(),
             wire_stats: Arc::new(WireStats::new()),

@@ -1,0 +1,205 @@
+//! Decoding: what one more decoding sequence costs a worker's steps, and what a placement's
+//! decode costs the requests it shares those steps with.
+//!
+//! Owns: [`DecodeModel`], a worker's inter-token latency as a linear function of the prefill
+//! queued there and the requests running there, `itl = α + β·queued + δ·running`, fitted
+//! online (the same recursive least squares as the TTFT model, [`super::ttft::Rls`], on its
+//! features `[1, queued/1000, 0, running]`) from every streamed answer — the prefill chunks a
+//! decode step carries are the queue's, not the running requests', so δ is what a running
+//! request alone adds; [`OutputTokens`], the fleet's mean answer length; and
+//! [`decode_interference_ms`], the cost the policy adds to a candidate. An engine decodes all
+//! its running sequences in every step (continuous batching), so each one lengthens every
+//! step by δ: a request decoding `O` tokens where `R` others run is slowed by `δ·R` a token,
+//! and slows each of them by `δ` a token while they overlap — about `2·δ·O·R` milliseconds of
+//! end-to-end latency in all, nothing on an idle worker. Each pair of requests is charged
+//! once, to the later of the two.
+//! Invariants: δ is never negative; the charge is 0 with nothing running, no expected output,
+//! or an unfitted model, and grows with each; the mean answer length is finite and never
+//! negative.
+//! Must not: read sockets or clocks; callers pass the observations.
+
+use super::ttft::Rls;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// Streamed answers a worker's own model needs before it is used instead of the fleet's.
+pub const OWN_MODEL_AFTER: u64 = 16;
+
+/// One worker's (or the fleet's) inter-token latency model.
+#[derive(Debug, Default)]
+pub struct DecodeModel {
+    rls: Mutex<Rls>,
+}
+
+/// What a decode model has learned, for the admin view.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct DecodeView {
+    pub samples: u64,
+    pub ms_per_token: f64,
+    pub ms_per_1k_queued_tokens: f64,
+    pub ms_per_running_request: f64,
+}
+
+/// The TTFT model's feature layout: the constant, the prefill queued (thousands of tokens)
+/// and the requests running.
+fn features(queued_tokens: f64, running: f64) -> [f64; super::ttft::DIM] {
+    [1.0, queued_tokens / 1000.0, 0.0, running]
+}
+
+impl DecodeModel {
+    /// One streamed answer: its mean inter-token latency while `queued_tokens` of prefill
+    /// waited and `running` other requests ran on the worker.
+    pub fn observe(&self, queued_tokens: f64, running: f64, itl_ms: f64) {
+        let ok = |v: f64| v.is_finite() && v >= 0.0;
+        if ok(itl_ms) && itl_ms > 0.0 && ok(running) && ok(queued_tokens) {
+            self.rls
+                .lock()
+                .observe(&features(queued_tokens, running), itl_ms);
+        }
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.rls.lock().samples()
+    }
+
+    /// δ: milliseconds one more running request adds to each token (at least 0).
+    pub fn ms_per_running(&self) -> f64 {
+        self.rls.lock().effective()[3]
+    }
+
+    pub fn view(&self) -> DecodeView {
+        let m = self.rls.lock().clone();
+        let e = m.effective();
+        DecodeView {
+            samples: m.samples(),
+            ms_per_token: e[0],
+            ms_per_1k_queued_tokens: m.theta()[1],
+            ms_per_running_request: e[3],
+        }
+    }
+
+    /// δ from this model once it has seen [`OWN_MODEL_AFTER`] answers, else from `fleet`'s
+    /// (0 before the fleet has seen any).
+    pub fn delta(&self, fleet: &DecodeModel) -> f64 {
+        if self.samples() >= OWN_MODEL_AFTER {
+            self.ms_per_running()
+        } else if fleet.samples() > 0 {
+            fleet.ms_per_running()
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The fleet's mean answer length (completion tokens), an exponentially weighted mean over
+/// about the last 64 answers.
+#[derive(Debug, Default)]
+pub struct OutputTokens {
+    mean: Mutex<Option<f64>>,
+}
+
+/// Weight of the newest answer in [`OutputTokens`].
+pub const OUTPUT_WEIGHT: f64 = 1.0 / 64.0;
+
+impl OutputTokens {
+    pub fn observe(&self, tokens: u64) {
+        let t = tokens as f64;
+        let mut m = self.mean.lock();
+        *m = Some(match *m {
+            Some(x) => x + OUTPUT_WEIGHT * (t - x),
+            None => t,
+        });
+    }
+
+    pub fn mean(&self) -> Option<f64> {
+        *self.mean.lock()
+    }
+
+    /// What a request is expected to generate: the fleet's mean answer, capped by the
+    /// request's own `max_tokens`; its `max_tokens` before any answer was seen; else 0.
+    pub fn expected(&self, max_tokens: Option<u64>) -> f64 {
+        match (self.mean(), max_tokens) {
+            (Some(m), Some(cap)) => m.min(cap as f64),
+            (Some(m), None) => m,
+            (None, Some(cap)) => cap as f64,
+            (None, None) => 0.0,
+        }
+    }
+}
+
+/// The end-to-end latency a request decoding `output_tokens` adds where `running` others
+/// run and each running request lengthens a token by `delta_ms`: `2·δ·O·R`.
+pub fn decode_interference_ms(delta_ms: f64, output_tokens: f64, running: u64) -> f64 {
+    let x = 2.0 * delta_ms.max(0.0) * output_tokens.max(0.0) * running as f64;
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_learns_what_each_running_request_adds_to_a_token() {
+        let m = DecodeModel::default();
+        // An engine whose token takes 5 ms, plus 0.25 ms per running request, plus the prefill
+        // chunks its steps carry (3 ms per 1,000 queued tokens), where busier workers have both
+        // more running and more queued: the fit tells the two apart.
+        for i in 0..400u64 {
+            let r = (i * 7 % 13) as f64;
+            let q = 400.0 * r + 300.0 * (i % 5) as f64;
+            m.observe(q, r, 5.0 + 0.25 * r + 0.003 * q);
+        }
+        assert!((m.ms_per_running() - 0.25).abs() < 0.01, "{:?}", m.view());
+        assert!((m.view().ms_per_token - 5.0).abs() < 0.05, "{:?}", m.view());
+        assert!(
+            (m.view().ms_per_1k_queued_tokens - 3.0).abs() < 0.05,
+            "{:?}",
+            m.view()
+        );
+        // Nonsense observations are ignored.
+        m.observe(0.0, -1.0, 5.0);
+        m.observe(0.0, 2.0, f64::NAN);
+        m.observe(0.0, 2.0, 0.0);
+        m.observe(f64::INFINITY, 2.0, 5.0);
+        assert_eq!(m.samples(), 400);
+    }
+
+    #[test]
+    fn a_young_worker_borrows_the_fleets_delta_and_nothing_is_charged_before_any_answer() {
+        let (w, fleet) = (DecodeModel::default(), DecodeModel::default());
+        assert_eq!(w.delta(&fleet), 0.0);
+        for i in 0..40u64 {
+            fleet.observe(0.0, (i % 5) as f64, 4.0 + 0.5 * (i % 5) as f64);
+        }
+        assert!((w.delta(&fleet) - fleet.ms_per_running()).abs() < 1e-12);
+        for i in 0..OWN_MODEL_AFTER {
+            w.observe(0.0, (i % 5) as f64, 4.0 + 0.1 * (i % 5) as f64);
+        }
+        assert!((w.delta(&fleet) - w.ms_per_running()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_charge_is_twice_delta_times_output_times_running() {
+        assert_eq!(decode_interference_ms(0.2, 50.0, 3), 2.0 * 0.2 * 50.0 * 3.0);
+        assert_eq!(decode_interference_ms(0.2, 50.0, 0), 0.0);
+        assert_eq!(decode_interference_ms(-1.0, 50.0, 3), 0.0);
+        assert_eq!(decode_interference_ms(0.2, f64::INFINITY, 3), 0.0);
+        assert!(decode_interference_ms(0.2, 50.0, 4) > decode_interference_ms(0.2, 50.0, 3));
+    }
+
+    #[test]
+    fn the_expected_answer_is_the_fleets_mean_capped_by_max_tokens() {
+        let o = OutputTokens::default();
+        assert_eq!(o.expected(None), 0.0);
+        assert_eq!(o.expected(Some(16)), 16.0);
+        o.observe(100);
+        assert_eq!(o.expected(None), 100.0);
+        assert_eq!(o.expected(Some(16)), 16.0);
+        o.observe(36);
+        assert!((o.mean().unwrap() - (100.0 - 64.0 / 64.0)).abs() < 1e-9);
+    }
+}
