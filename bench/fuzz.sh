@@ -63,8 +63,11 @@ for t in "${targets[@]}"; do
     continue
   fi
   TIMEFORMAT='%U %S'
-  cpu=$( { time (cd "$d" && nice -n "${FUZZ_NICE:-0}" cargo +nightly fuzz run "$t" -- \
-      -max_total_time="$secs" -max_len=65536 -timeout=10 -print_final_stats=1) >"$log" 2>&1 || true; } 2>&1 | awk '{printf "%d", $1 + $2}')
+  # CPU seconds (user + system) of the fuzzer and its children. libFuzzer's clocks are wall
+  # clocks: never pause a run (SIGSTOP) — its per-input timeout would fire on resume.
+  cpu=$( { time ( (cd "$d" && nice -n "${FUZZ_NICE:-0}" cargo +nightly fuzz run "$t" -- \
+      -max_total_time="$secs" -max_len=65536 -timeout=10 -print_final_stats=1) >"$log" 2>&1 || true ); } 2>&1 \
+      | awk '{printf "%d", $1 + $2}')
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
   rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || true)
