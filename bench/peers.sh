@@ -12,7 +12,8 @@
 # and `kvroute bench` against the router; every router sees the same requests at the same
 # times. Results: one JSON per run under $OUT (default bench/out/), and a Markdown table of
 # every cell (bench/matrix.py). KVROUTE_ARGS adds flags to kvroute's `serve` (an ablation, with its
-# own --out). Not part of the test command: it installs from PyPI and takes
+# own --out); SIM_ARGS adds flags to every `kvroute sim-worker` (e.g. a CPU tier:
+# SIM_ARGS="--kv-offloading-slots 4800"). Not part of the test command: it installs from PyPI and takes
 # minutes to hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -116,8 +117,9 @@ wait_http() { # url seconds
 start_fleet() { # preset blocks
   local i
   for ((i = 0; i < WORKERS; i++)); do
+    # shellcheck disable=SC2086 # SIM_ARGS: extra sim-worker flags, word-split on purpose
     "$KV" sim-worker --preset "$1" --blocks "$2" --speedup "$SPEEDUP" --http "127.0.0.1:$((18100 + i))" \
-      --zmq "tcp://*:$((18200 + i))" --replay "tcp://*:$((18300 + i))" >"$OUT/logs/sim-$i.log" 2>&1 &
+      --zmq "tcp://*:$((18200 + i))" --replay "tcp://*:$((18300 + i))" ${SIM_ARGS:-} >"$OUT/logs/sim-$i.log" 2>&1 &
     PIDS+=($!)
   done
   for ((i = 0; i < WORKERS; i++)); do wait_http "http://127.0.0.1:$((18100 + i))/health" 20; done

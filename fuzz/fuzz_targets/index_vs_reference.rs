@@ -44,6 +44,7 @@ fuzz_target!(|data: &[u8]| {
             hash_block_size: Some(H as u32),
             chunk_size: Some(4 * H as u32),
             eagle: data.first().is_some_and(|b| b & 1 == 1),
+            offload_chunk_blocks: None,
         },
         verify_hashes: false,
         ..WorkerConfig::default()

@@ -1,7 +1,7 @@
 //! A rank's cache state as plain data: what a snapshot writes and a warm start loads.
 //!
 //! Owns: [`RankImage`] (the learned layout, every device group's blocks with their copies, the
-//! content-key map of content-key workers, the offload tiers), taking one from a rank
+//! content-key map of content-key workers, the offload tiers per group), taking one from a rank
 //! (`RankState::export`), checking one that came from outside ([`RankImage::check`]) and loading
 //! one into a rank (`RankState::import`).
 //! Invariants: a rank loaded from `export`'s image has the same layout, device contents
@@ -57,10 +57,13 @@ pub struct BlockRun {
     pub hashes: Vec<u64>,
 }
 
-/// One offload tier.
+/// One group's blocks in one offload tier.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TierImage {
     pub medium: String,
+    /// The engine's group index the tier keyed the blocks by.
+    #[serde(default)]
+    pub group: u32,
     pub blocks: Vec<(u64, u32)>,
 }
 
@@ -189,11 +192,12 @@ impl RankState {
         let offload = self
             .offload
             .iter()
-            .map(|(medium, set)| {
+            .map(|((medium, group), set)| {
                 let mut blocks: Vec<(u64, u32)> = set.iter().collect();
                 blocks.sort_unstable();
                 TierImage {
                     medium: medium.clone(),
+                    group: *group,
                     blocks,
                 }
             })
@@ -247,7 +251,7 @@ impl RankState {
             }
         }
         for t in &img.offload {
-            let tier = self.offload.entry(t.medium.clone()).or_default();
+            let tier = self.offload.entry((t.medium.clone(), t.group)).or_default();
             for (h, c) in &t.blocks {
                 for _ in 0..*c {
                     tier.insert(*h);
@@ -307,6 +311,7 @@ mod tests {
             groups: Vec::new(),
             offload: vec![TierImage {
                 medium: "CPU".into(),
+                group: 0,
                 blocks: vec![(1, 0)],
             }],
         };

@@ -22,6 +22,7 @@ use crate::layout::{GroupSpec, Params, Plan};
 use crate::rank::{RankState, RankStats, WorkerConfig};
 use crate::rules::{self, GroupEvidence, HolderRef, Lookup, STACK_LOOKUPS};
 use crate::runs::Runs;
+use crate::tier::{self, TierGroup};
 use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -51,8 +52,14 @@ pub enum Detail {
 pub struct Prediction {
     pub worker: WorkerId,
     pub dp_rank: u32,
-    /// Predicted `num_cached_tokens`.
+    /// Predicted `num_cached_tokens`: the device hit plus `tier`.
     pub cached: u64,
+    /// The part of `cached` an offload tier serves (vLLM's `OffloadingConnector` loads it
+    /// before the prefill; `tier.rs`).
+    pub tier: u64,
+    /// The medium of `tier` (`"CPU"`); `None` when `tier` is 0 or on the routing path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier_medium: Option<String>,
     /// What a router looking only at full-attention groups would predict.
     pub group_blind: u64,
     /// Each group alone; empty when predicted with `Detail::Cached`.
@@ -496,6 +503,8 @@ impl Index {
                 worker: worker.clone(),
                 dp_rank,
                 cached: 0,
+                tier: 0,
+                tier_medium: None,
                 group_blind: 0,
                 groups: Vec::new(),
                 params: None,
@@ -521,6 +530,8 @@ pub(crate) fn predict_rank(
         worker: worker.clone(),
         dp_rank,
         cached: 0,
+        tier: 0,
+        tier_medium: None,
         group_blind: 0,
         groups: Vec::new(),
         params: plan.params,
@@ -576,7 +587,64 @@ pub(crate) fn predict_rank(
     pred.cached = if skip { 0 } else { j.cached };
     pred.group_blind = j.group_blind;
     pred.groups = j.groups;
+    // The connector's EAGLE rule (one more chunk queried, then dropped) is not modeled.
+    if !skip && !p.eagle && !r.offload.is_empty() {
+        if let Some((tier, medium)) = tier_part(r, plan, &p, chain, n_tokens, pred.cached) {
+            pred.cached += tier;
+            pred.tier = tier;
+            pred.tier_medium = evidence.then_some(medium);
+        }
+    }
     pred
+}
+
+/// The longest hit an offload tier of the rank adds to the device hit `device` (and its
+/// medium), by the `OffloadingConnector`'s rule over the plan's groups.
+fn tier_part(
+    r: &RankState,
+    plan: &Plan,
+    p: &Params,
+    chain: &[u64],
+    n_tokens: usize,
+    device: u64,
+) -> Option<(u64, String)> {
+    let per_chunk = r.config.lookup.offload_chunk_blocks.unwrap_or(1);
+    let groups: Vec<TierGroup> = plan
+        .lookups
+        .iter()
+        .flat_map(|(spec, ids)| ids.iter().map(move |g| (spec, *g)))
+        .filter_map(|(spec, g)| {
+            let window = match spec.rule() {
+                Rule::ChunkedLocal => r.config.lookup.chunk_size.or(spec.window),
+                _ => spec.window,
+            };
+            TierGroup::new(
+                g,
+                spec.rule(),
+                window,
+                spec.block_size,
+                per_chunk,
+                p.hash_block,
+            )
+        })
+        .collect();
+    // The scheduler hands the connector its device hit rounded down to its block.
+    let local = device as usize - device as usize % p.align.max(1) as usize;
+    let mut best: Option<(u64, String)> = None;
+    let media: std::collections::BTreeSet<&String> = r.offload.keys().map(|(m, _)| m).collect();
+    for medium in media {
+        let holds = |g: u32, key: u64| {
+            r.offload
+                .get(&(medium.clone(), g))
+                .is_some_and(|set| set.contains(key))
+        };
+        let hit = (local + tier::offload_hit(n_tokens, local, chain, &groups, holds)) as u64;
+        let extra = hit.saturating_sub(device);
+        if extra > 0 && best.as_ref().is_none_or(|(b, _)| extra > *b) {
+            best = Some((extra, medium.clone()));
+        }
+    }
+    best
 }
 
 /// The stride (hash blocks per block) of a full-attention group kept in the shared store, when

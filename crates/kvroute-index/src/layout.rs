@@ -170,6 +170,10 @@ pub struct LookupConfig {
     /// hashes: `WorkerConfig::rules`).
     #[serde(default)]
     pub eagle: bool,
+    /// GPU blocks per chunk of the worker's `OffloadingConnector` (its `blocks_per_chunk`, or
+    /// `block_size` / the GPU block); 1, the connector's default, when absent.
+    #[serde(default)]
+    pub offload_chunk_blocks: Option<u32>,
 }
 
 /// The lookup parameters of one (worker, rank), derived like vLLM's coordinator does.
@@ -340,6 +344,7 @@ mod tests {
             hash_block_size: Some(16),
             chunk_size: None,
             eagle: false,
+            offload_chunk_blocks: None,
         };
         let p = l.params(&cfg).unwrap();
         assert_eq!((p.hash_block, p.align, p.fine_grained), (16, 16, true));

@@ -20,6 +20,7 @@ pub mod rank;
 pub mod rules;
 pub mod runs;
 mod sparse;
+pub mod tier;
 
 pub use engine::{Engine, Rules, Speculative};
 pub use hash::{BlockExtras, HashAlgo};

@@ -239,7 +239,8 @@ pub struct RankState {
     pub(crate) dropped: bool,
     pub(crate) groups: GroupMap,
     pub(crate) specs: SpecTables,
-    pub(crate) offload: BTreeMap<String, Multiset>,
+    /// Non-device tiers: (medium, group) → the chunk keys stored there.
+    pub(crate) offload: BTreeMap<(String, u32), Multiset>,
     /// Full digests of blocks the router recomputed, by 64-bit value (parents for the check).
     digests: HashMap<u64, Digest, MixBuild>,
     pub stats: RankStats,
@@ -333,10 +334,12 @@ impl RankState {
         counters.add(Counter::StoreEvents, 1);
         self.stats.stores += 1;
         if !is_device_medium(ev.medium.as_deref()) {
-            let tier = self
-                .offload
-                .entry(ev.medium.clone().unwrap_or_default())
-                .or_default();
+            let key = (ev.medium.clone().unwrap_or_default(), ev.group.unwrap_or(0));
+            if !self.offload.contains_key(&key) {
+                // The index's roster predicts tiered ranks in full.
+                self.plan_gen += 1;
+            }
+            let tier = self.offload.entry(key).or_default();
             for h in &ev.hashes {
                 tier.insert(h.value.0);
             }
@@ -422,10 +425,8 @@ impl RankState {
         counters.add(Counter::RemoveEvents, 1);
         self.stats.removals += 1;
         if !is_device_medium(ev.medium.as_deref()) {
-            if let Some(tier) = self
-                .offload
-                .get_mut(ev.medium.as_deref().unwrap_or_default())
-            {
+            let key = (ev.medium.clone().unwrap_or_default(), ev.group.unwrap_or(0));
+            if let Some(tier) = self.offload.get_mut(&key) {
                 for h in &ev.hashes {
                     tier.remove(h.value.0);
                 }
@@ -718,11 +719,13 @@ impl RankState {
             .collect()
     }
 
+    /// Block copies per non-device medium, over its groups.
     pub fn offload_blocks(&self) -> BTreeMap<String, u64> {
-        self.offload
-            .iter()
-            .map(|(k, v)| (k.clone(), v.total()))
-            .collect()
+        let mut out = BTreeMap::new();
+        for ((medium, _), set) in &self.offload {
+            *out.entry(medium.clone()).or_insert(0) += set.total();
+        }
+        out
     }
 
     /// Heap bytes of the rank's own holders (shared groups live in the index's run store).

@@ -6,6 +6,8 @@
 //! specs merged, full-attention kinds first, full attention computed once then trimmed; under
 //! each worker's engine rules (vLLM 0.33 with `L` lookahead tokens: the request hashed with
 //! them, the hit bounded by `n − max(1, L)`, no EAGLE drop).
+//! The offload tiers are plain multisets per (medium, group), and a tier's hit is
+//! `tier::offload_hit` over them (the connector's rule, a pure function unit-tested on its own).
 //! Invariant: obviously correct before fast — no early exits beyond the engine's own, no shared
 //! code with `rules` or `holder`.
 //! Must not: be used on a hot path (every operation is linear).
@@ -15,12 +17,15 @@ use crate::hash::{self, BlockHasher};
 use crate::index::Query;
 use crate::layout::{GroupSpec, Layout, Learned, Params};
 use crate::rank::{HashMode, WorkerConfig};
+use crate::tier::{self, TierGroup};
 use std::collections::BTreeMap;
 
 #[derive(Default, Clone)]
 struct RefRank {
     layout: Layout,
     blocks: BTreeMap<u32, Vec<u64>>,
+    /// Offload tiers: (medium, group) → hashes, a multiset.
+    tiers: BTreeMap<(String, u32), Vec<u64>>,
 }
 
 #[derive(Default)]
@@ -68,7 +73,13 @@ impl Reference {
         let rank = self.ranks.entry(key).or_default();
         match ev {
             Event::Stored(s) => {
-                if !is_device_medium(s.medium.as_deref()) || s.block_size == 0 {
+                if !is_device_medium(s.medium.as_deref()) {
+                    let key = (s.medium.clone().unwrap_or_default(), s.group.unwrap_or(0));
+                    let held = rank.tiers.entry(key).or_default();
+                    held.extend(s.hashes.iter().map(|h| h.value.0));
+                    return;
+                }
+                if s.block_size == 0 {
                     return;
                 }
                 let group = s.group.unwrap_or(0);
@@ -78,7 +89,10 @@ impl Reference {
                     .learn(group, &kind, s.sliding_window, s.block_size)
                     == Learned::Changed
                 {
-                    *rank = RefRank::default();
+                    *rank = RefRank {
+                        tiers: std::mem::take(&mut rank.tiers),
+                        ..RefRank::default()
+                    };
                     rank.layout
                         .learn(group, &kind, s.sliding_window, s.block_size);
                 }
@@ -89,6 +103,14 @@ impl Reference {
             }
             Event::Removed(r) => {
                 if !is_device_medium(r.medium.as_deref()) {
+                    let key = (r.medium.clone().unwrap_or_default(), r.group.unwrap_or(0));
+                    if let Some(held) = rank.tiers.get_mut(&key) {
+                        for h in &r.hashes {
+                            if let Some(pos) = held.iter().position(|x| *x == h.value.0) {
+                                held.remove(pos);
+                            }
+                        }
+                    }
                     return;
                 }
                 let group = r.group.unwrap_or(0);
@@ -181,7 +203,12 @@ impl Reference {
         let cached = if q.skip_prefix_cache {
             0
         } else {
-            ctx.coordinate(&lookups, max_len)
+            ctx.with_tier(
+                &lookups,
+                q.tokens.len(),
+                ctx.coordinate(&lookups, max_len),
+                &cfg,
+            )
         };
         let blind = if full_only.is_empty() {
             match ctx.lookups(false).first() {
@@ -209,6 +236,51 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// The device hit `device` extended by the offload tier that serves most
+    /// (`tier::offload_hit` from the device hit rounded down to the alignment).
+    fn with_tier(
+        &self,
+        lookups: &[(GroupSpec, Vec<u32>)],
+        n: usize,
+        device: u64,
+        cfg: &WorkerConfig,
+    ) -> u64 {
+        let per_chunk = cfg.lookup.offload_chunk_blocks.unwrap_or(1);
+        let mut groups = Vec::new();
+        for (spec, ids) in lookups {
+            let window = match spec.rule() {
+                Rule::ChunkedLocal => self.chunk.or(spec.window),
+                _ => spec.window,
+            };
+            for g in ids {
+                if let Some(t) = TierGroup::new(
+                    *g,
+                    spec.rule(),
+                    window,
+                    spec.block_size,
+                    per_chunk,
+                    self.p.hash_block,
+                ) {
+                    groups.push(t);
+                }
+            }
+        }
+        let local = device - device % u64::from(self.p.align.max(1));
+        let mut best = device;
+        let media: Vec<&String> = self.rank.tiers.keys().map(|(m, _)| m).collect();
+        for medium in media {
+            let holds = |g: u32, key: u64| {
+                self.rank
+                    .tiers
+                    .get(&(medium.clone(), g))
+                    .is_some_and(|held| held.contains(&key))
+            };
+            let ext = tier::offload_hit(n, local as usize, self.hashes, &groups, holds) as u64;
+            best = best.max(local + ext);
+        }
+        best
+    }
+
     /// Lookups in coordinator order: identical specs merged, full-attention kinds first.
     fn lookups(&self, full_only: bool) -> Vec<(GroupSpec, Vec<u32>)> {
         let mut out: Vec<(GroupSpec, Vec<u32>)> = Vec::new();

@@ -1,8 +1,8 @@
 //! The routing prediction that visits only the ranks that can hit: one walk of the request
 //! through the shared run store names every full-attention holder that holds its first block;
 //! a rank whose only lookup is one shared full-attention group is answered from the walk alone,
-//! others of those ranks (and every rank without a shared full-attention group) are predicted
-//! as `predict_all` would.
+//! others of those ranks (and every rank without a shared full-attention group, or with blocks in
+//! an offload tier) are predicted as `predict_all` would.
 //!
 //! Owns: the roster (per shared holder id: its rank, the walk it belongs to, and whether the
 //! walk is its answer), rebuilt when the index's layout generation moves.
@@ -29,6 +29,8 @@ pub struct Hit {
     pub rank: RankId,
     /// Predicted `num_cached_tokens`.
     pub cached: u64,
+    /// The part of `cached` an offload tier serves.
+    pub tier: u64,
     /// What a router looking only at full-attention groups would predict.
     pub group_blind: u64,
     pub params: Option<Params>,
@@ -69,6 +71,11 @@ impl Roster {
             let r = rank.read();
             let plan = r.plan();
             let Some(p) = plan.params else { continue };
+            if !r.offload.is_empty() {
+                // A tier can serve a request the device holds nothing of.
+                roster.always.push(at);
+                continue;
+            }
             // A full-attention lookup that the walk can answer (no partial entries inside a
             // block) and that serves nothing makes the rank predict 0 and 0.
             let mut skippable = false;
@@ -139,6 +146,8 @@ impl Index {
                     worker,
                     dp_rank,
                     cached: h.cached,
+                    tier: h.tier,
+                    tier_medium: None,
                     group_blind: h.group_blind,
                     groups: Vec::new(),
                     params: h.params,
@@ -221,6 +230,7 @@ impl Index {
                             rows.push(Hit {
                                 rank: info.id,
                                 cached,
+                                tier: 0,
                                 group_blind: hit,
                                 params: Some(p),
                                 degraded: info.degraded,
@@ -249,6 +259,7 @@ impl Index {
                 rows.push(Hit {
                     rank: RankId(r.id),
                     cached: pred.cached,
+                    tier: pred.tier,
                     group_blind: pred.group_blind,
                     params: pred.params,
                     degraded: pred.degraded,

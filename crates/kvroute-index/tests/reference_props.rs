@@ -149,6 +149,7 @@ fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -
             hash_block_size: Some(H),
             chunk_size: Some(4 * H),
             eagle,
+            offload_chunk_blocks: None,
         },
         verify_hashes: false,
         ..WorkerConfig::default()
@@ -218,8 +219,16 @@ fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -
                     hashes.push(c[rng.gen_range(0..c.len())]);
                 }
                 _ => {
-                    block = 0; // an offload tier
-                    hashes.extend(c.iter().take(3));
+                    // An offload tier (the connector's chunk keys, one block a chunk), most
+                    // often from the chain's start, sometimes with a gap.
+                    block = 0;
+                    let a = rng.gen_range(0..=nblocks.min(2));
+                    let b = rng.gen_range(a..=nblocks);
+                    hashes.extend(
+                        (a..b)
+                            .filter(|_| rng.gen_bool(0.9))
+                            .map(|i| c[(i + 1) * k - 1]),
+                    );
                 }
             }
             stored(workers[w], rank, gi as u32, g, block, hashes)
@@ -235,10 +244,19 @@ fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -
             if rng.gen_bool(0.2) {
                 hashes.push(rng.gen());
             }
+            // A fifth of the removals leave the offload tier (what it holds is its own).
+            let medium = rng.gen_bool(0.2).then(|| "CPU".to_string());
+            if medium.is_some() {
+                hashes = chains[rng.gen_range(0..chains.len())]
+                    .iter()
+                    .filter(|_| rng.gen_bool(0.3))
+                    .copied()
+                    .collect();
+            }
             Event::Removed(Removed {
                 worker: workers[w].into(),
                 dp_rank: rank,
-                medium: None,
+                medium,
                 group: Some(gi),
                 hashes: hashes.into_iter().map(EngineHash::int).collect(),
             })

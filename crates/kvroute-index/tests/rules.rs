@@ -155,6 +155,7 @@ fn chunked_local_attention_skips_blocks_before_the_current_chunk() {
                 hash_block_size: None,
                 chunk_size: Some(64),
                 eagle: false,
+                offload_chunk_blocks: None,
             },
             ..Default::default()
         },
@@ -229,18 +230,46 @@ fn a_removal_for_a_group_never_stored_is_counted_and_ignored() {
 }
 
 #[test]
-fn offload_tiers_are_kept_apart_from_the_prediction() {
+fn a_cpu_tier_extends_the_device_hit_from_its_first_chunk_to_its_first_gap() {
     let idx = Index::new();
     let t = tokens(11, 100);
     let c = chain(&t, 16);
-    let mut ev = store("w", 0, "full_attention", None, 16, &c);
-    if let kvroute_index::event::Event::Stored(s) = &mut ev {
-        s.medium = Some("CPU".into());
-    }
-    idx.apply(&ev);
+    let on_cpu = |hashes: &[u64]| {
+        let mut ev = store("w", 0, "full_attention", None, 16, hashes);
+        if let kvroute_index::event::Event::Stored(s) = &mut ev {
+            s.medium = Some("CPU".into());
+            s.block_size = 0;
+            s.token_ids.clear();
+        }
+        ev
+    };
+    // No device layout yet: nothing can be predicted from a tier alone.
+    idx.apply(&on_cpu(&c));
     assert_eq!(predict(&idx, "w", &t), 0);
     let tiers = idx.inspect(&"w".into(), 0, |r| r.offload_blocks()).unwrap();
     assert_eq!(tiers.get("CPU"), Some(&(c.len() as u64)));
+    // The device holds 3 blocks; the tier all 6 full ones: the engine reports 96 (the
+    // connector has no last-token rule for full attention: 96 of 100 are whole chunks).
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c[..3]));
+    let p = idx.predict(
+        &"w".into(),
+        0,
+        &Query {
+            tokens: t.clone(),
+            ..Query::default()
+        },
+    );
+    assert_eq!(
+        (p.cached, p.tier, p.tier_medium.as_deref()),
+        (96, 48, Some("CPU"))
+    );
+    // A gap at the device hit's next chunk ends the tier's hit there.
+    let mut rm = remove("w", 0, &c[3..4]);
+    if let kvroute_index::event::Event::Removed(r) = &mut rm {
+        r.medium = Some("CPU".into());
+    }
+    idx.apply(&rm);
+    assert_eq!(predict(&idx, "w", &t), 48);
 }
 
 #[test]
@@ -266,6 +295,7 @@ fn eagle_worker(idx: &Index, worker: &str) {
                 hash_block_size: None,
                 chunk_size: None,
                 eagle: true,
+                offload_chunk_blocks: None,
             },
             ..Default::default()
         },

@@ -17,6 +17,7 @@
 use crate::cache::{CacheConfig, KvCache, ReqCtx};
 use crate::error::SimError;
 use crate::groups;
+use crate::offload::CpuTier;
 use crate::pool::ReqView;
 use crate::spec::{CacheParams, ModelSpec};
 use crate::timing::TimeModel;
@@ -48,6 +49,9 @@ pub struct EngineConfig {
     /// `--speculative-config` (its prefix-caching fields); `None` without speculation. No
     /// draft token is ever accepted: a step decodes one token per request.
     pub speculative: Option<Speculative>,
+    /// Slots of a CPU tier (`OffloadingConnector`, one GPU block a chunk; one slot per chunk
+    /// and group); 0: none.
+    pub cpu_tier_slots: usize,
 }
 
 impl EngineConfig {
@@ -68,6 +72,7 @@ impl EngineConfig {
             dp_rank: 0,
             engine: kvroute_index::Engine::Vllm032,
             speculative: None,
+            cpu_tier_slots: 0,
             spec,
         })
     }
@@ -154,7 +159,10 @@ pub struct Lookup {
     pub event_pos: usize,
     /// The request's length at lookup (prompt, plus outputs after a preemption).
     pub num_tokens: usize,
+    /// The device's hit.
     pub hit: usize,
+    /// What the CPU tier serves beyond `hit` (the request reports `hit + tier` cached).
+    pub tier: usize,
 }
 
 /// What one step did.
@@ -174,6 +182,8 @@ pub struct StepOutcome {
 pub struct EngineStats {
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// Prompt tokens loaded from the CPU tier (vLLM's `external_prefix_cache_hits`).
+    pub tier_hits: u64,
     pub preemptions: u64,
     pub steps: u64,
     pub finished: u64,
@@ -203,6 +213,8 @@ struct Req {
     remote: Option<RemoteKv>,
     /// When the pulled KV has arrived (simulated seconds); the request waits until then.
     ready_at: Option<f64>,
+    /// Prompt tokens offered to the CPU tier so far.
+    tier_offered: usize,
 }
 
 impl Req {
@@ -215,6 +227,8 @@ pub struct Engine {
     pub cfg: EngineConfig,
     pub params: CacheParams,
     pub kv: KvCache,
+    /// The CPU tier, when configured.
+    pub cpu: Option<CpuTier>,
     hasher: BlockHasher,
     /// Lookahead tokens each block hash covers (`L`).
     lookahead: usize,
@@ -251,6 +265,12 @@ impl Engine {
                     .into(),
             ));
         }
+        if rules.eagle_drop && cfg.cpu_tier_slots > 0 {
+            // The connector's EAGLE rule (a chunk more looked up, then dropped) is not modeled.
+            return Err(SimError::Config(
+                "a CPU tier with EAGLE-style speculation's block drop is not simulated".into(),
+            ));
+        }
         let kv = KvCache::new(
             cfg.spec.clone(),
             params,
@@ -265,7 +285,17 @@ impl Engine {
             cfg.worker.clone(),
             cfg.dp_rank,
         );
+        let cpu = (cfg.cpu_tier_slots > 0).then(|| {
+            CpuTier::new(
+                cfg.cpu_tier_slots,
+                &cfg.spec,
+                params.hash_block,
+                cfg.worker.clone(),
+                cfg.dp_rank,
+            )
+        });
         Ok(Engine {
+            cpu,
             hasher: BlockHasher::new(cfg.hash_algo, &cfg.hash_seed),
             lookahead: rules.lookahead as usize,
             params,
@@ -362,6 +392,7 @@ impl Engine {
             preemptions: 0,
             remote: r.remote_kv,
             ready_at: None,
+            tier_offered: 0,
         };
         Self::update_hashes(
             &self.hasher,
@@ -406,9 +437,25 @@ impl Engine {
         self.kv.reset()
     }
 
-    /// Events queued outside a step (a reset), taken for publishing.
+    /// Events queued outside a step (a reset), taken for publishing: the device pool's, then
+    /// the CPU tier's (vLLM's connector events follow the pool's in a batch).
     pub fn take_events(&mut self) -> Vec<Event> {
-        self.kv.take_events()
+        let mut events = self.kv.take_events();
+        if let Some(cpu) = &mut self.cpu {
+            events.extend(cpu.take_events());
+        }
+        events
+    }
+
+    /// (`num_cached_tokens`, tokens computed once loaded) when the CPU tier serves more of `r`
+    /// than the device's `hit`: the connector's hit from the block-aligned device hit; a whole
+    /// prompt served still computes its last token.
+    fn tier_load(&self, r: &Req, hit: usize) -> Option<(usize, usize)> {
+        let cpu = self.cpu.as_ref().filter(|_| !r.skip)?;
+        let n = r.tokens.len();
+        let local = hit - hit % self.params.align.max(1) as usize;
+        let total = local + cpu.hit(n, local, &r.hashes);
+        (total > hit).then(|| (total, total.min(n - 1)))
     }
 
     /// The largest hit a request of `n` tokens may get: `n − 1` (the last token is always
@@ -565,11 +612,17 @@ impl Engine {
                     self.kv
                         .find_longest_cache_hit(&r.hashes, self.max_hit(r.tokens.len()))
                 };
+                let tiered = if r.remote.is_some() {
+                    None
+                } else {
+                    self.tier_load(r, hit.tokens)
+                };
                 lookups.push(Lookup {
                     handle,
                     event_pos: self.kv.pending_events(),
                     num_tokens: r.tokens.len(),
                     hit: hit.tokens,
+                    tier: tiered.map_or(0, |(total, _)| total - hit.tokens),
                 });
                 let junction = hit.junction();
                 if let Some(r) = self.reqs.get_mut(&handle) {
@@ -601,6 +654,32 @@ impl Engine {
                         }
                         continue;
                     }
+                }
+                if let Some((total, computed)) = tiered {
+                    // The CPU tier serves more than the device: load it, then compute the rest.
+                    let ctx = Self::ctx(r, self.lookahead);
+                    let load = computed - hit.tokens;
+                    if self
+                        .kv
+                        .allocate_slots(&ctx, 0, load, hit.tokens, hit.blocks.as_deref(), true)
+                        .is_none()
+                    {
+                        break;
+                    }
+                    self.stats.prefix_cache_queries += r.tokens.len() as u64;
+                    self.stats.prefix_cache_hits += hit.tokens as u64;
+                    self.stats.tier_hits += (total - hit.tokens) as u64;
+                    let ready =
+                        self.now + (total - hit.tokens) as f64 * self.cfg.time.cpu_load_token_s;
+                    self.waiting.pop_front();
+                    self.running.push(handle);
+                    if let Some(r) = self.reqs.get_mut(&handle) {
+                        r.num_cached_tokens = Some(total);
+                        r.num_computed = computed;
+                        r.tier_offered = total.min(r.prompt_len);
+                        r.ready_at = Some(ready);
+                    }
+                    continue;
                 }
                 let mut n = (r.tokens.len() - hit.tokens).min(budget);
                 if mamba {
@@ -642,7 +721,7 @@ impl Engine {
             ..StepOutcome::default()
         };
         if scheduled.is_empty() {
-            out.events = self.kv.take_events();
+            out.events = self.take_events();
             return out;
         }
         let mut work = crate::timing::StepWork::default();
@@ -663,7 +742,16 @@ impl Engine {
         for (handle, _) in &scheduled {
             self.sample(*handle, &mut out);
         }
-        out.events = self.kv.take_events();
+        if let Some(cpu) = &mut self.cpu {
+            for (handle, _) in &scheduled {
+                if let Some(r) = self.reqs.get_mut(handle) {
+                    let to = r.num_computed.min(r.prompt_len);
+                    cpu.offer(&r.hashes, r.prompt_len, r.tier_offered, to);
+                    r.tier_offered = r.tier_offered.max(to);
+                }
+            }
+        }
+        out.events = self.take_events();
         out
     }
 

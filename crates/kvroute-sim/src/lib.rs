@@ -21,6 +21,7 @@ pub mod fleet;
 pub(crate) mod groups;
 pub mod http;
 pub(crate) mod metrics;
+pub mod offload;
 pub mod pool;
 pub mod publisher;
 pub mod spec;

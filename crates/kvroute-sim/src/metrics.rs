@@ -2,7 +2,8 @@
 //!
 //! Owns: the exposition of `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 //! `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total`,
-//! `vllm:prefix_cache_hits_total`, `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
+//! `vllm:prefix_cache_hits_total`, `vllm:external_prefix_cache_hits_total` (the CPU tier's
+//! loads), `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
 //! `vllm:generation_tokens_total` and the `vllm:time_to_first_token_seconds` /
 //! `vllm:e2e_request_latency_seconds` histograms (simulated seconds).
 //! Invariants: counters are written with the `_total` suffix as Python's prometheus_client
@@ -41,7 +42,7 @@ fn histogram(out: &mut String, name: &str, help: &str, model: &str, h: &Histogra
 pub(crate) fn render(shared: &Shared) -> String {
     let model = shared.cfg.model.replace('"', "");
     let mut out = String::new();
-    let mut rows: Vec<[f64; 8]> = Vec::new();
+    let mut rows: Vec<[f64; 9]> = Vec::new();
     for rk in &shared.ranks {
         let e = rk.engine.lock();
         rows.push([
@@ -50,12 +51,13 @@ pub(crate) fn render(shared: &Shared) -> String {
             e.kv.usage(),
             e.stats.prefix_cache_queries as f64,
             e.stats.prefix_cache_hits as f64,
+            e.stats.tier_hits as f64,
             e.stats.preemptions as f64,
             e.stats.prompt_tokens as f64,
             e.stats.generation_tokens as f64,
         ]);
     }
-    let series: [(&str, &str, &str); 8] = [
+    let series: [(&str, &str, &str); 9] = [
         (
             "vllm:num_requests_running",
             "gauge",
@@ -80,6 +82,11 @@ pub(crate) fn render(shared: &Shared) -> String {
             "vllm:prefix_cache_hits_total",
             "counter",
             "Prefix cache hits, in terms of number of cached tokens.",
+        ),
+        (
+            "vllm:external_prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens served by the KV connector (the CPU tier).",
         ),
         (
             "vllm:num_preemptions_total",

@@ -2,8 +2,8 @@
 //!
 //! Owns: `TimeModel` (a fixed cost per step, a cost per prefill token, attention's quadratic
 //! term over the prefill context, a cost per decoding sequence and per context token it
-//! reads, and the time a disaggregated decode worker takes to pull one token's KV from its
-//! prefill worker) and `StepWork`, the tally of one step.
+//! reads, the time a disaggregated decode worker takes to pull one token's KV from its
+//! prefill worker, and the time a CPU tier takes to load one) and `StepWork`, the tally of one step.
 //! Invariants: durations are non-negative and grow with every term; the defaults are the
 //! calibration documented in docs/sim.md.
 //! Must not: sleep (the worker runtime turns simulated time into wall time).
@@ -28,11 +28,21 @@ pub struct TimeModel {
     /// pull runs beside the decode worker's steps, as NIXL's does).
     #[serde(default = "default_kv_transfer_token_s")]
     pub kv_transfer_token_s: f64,
+    /// Time to load one prompt token's KV from the CPU tier (before the request's prefill
+    /// resumes, beside the steps, as the connector's asynchronous load does).
+    #[serde(default = "default_cpu_load_token_s")]
+    pub cpu_load_token_s: f64,
 }
 
 /// 5 µs a token: an 8B-class model's KV (about 128 KiB a token: 32 layers × 8 KV heads × 128
 /// dims × K and V × 2 bytes) over a 25 GB/s RDMA link, order of magnitude only.
 fn default_kv_transfer_token_s() -> f64 {
+    5e-6
+}
+
+/// 5 µs a token: the same 128 KiB a token over a PCIe 4.0 ×16 link (about 25 GB/s), order of
+/// magnitude only.
+fn default_cpu_load_token_s() -> f64 {
     5e-6
 }
 
@@ -45,6 +55,7 @@ impl Default for TimeModel {
             decode_seq_s: 0.2e-3,
             decode_context_token_s: 5e-9,
             kv_transfer_token_s: default_kv_transfer_token_s(),
+            cpu_load_token_s: default_cpu_load_token_s(),
         }
     }
 }

@@ -139,6 +139,7 @@ pub fn worker_config(meta: &Meta) -> Result<WorkerConfig> {
             hash_block_size: unit,
             chunk_size: chunk,
             eagle: speculative.is_some(),
+            offload_chunk_blocks: None,
         },
         verify_hashes: true,
         engine,

@@ -45,6 +45,7 @@ pub fn explain(
             hash_block_size: s.hash_block_size,
             chunk_size: s.chunk_size,
             eagle: s.eagle,
+            offload_chunk_blocks: None,
         },
         verify_hashes: true,
         ..WorkerConfig::default()

@@ -224,6 +224,9 @@ struct ServeArgs {
     /// worker cause each other (true, the default) or leave it out (false).
     #[arg(long)]
     decode_interference: Option<bool>,
+    /// Cost model ttft: µs to load one token's KV from a worker's CPU tier (default 5).
+    #[arg(long)]
+    cpu_load_us_per_token: Option<f64>,
     /// μ: credit per full-attention prefix token beyond the hit (hybrid-aware).
     #[arg(long)]
     junction_weight: Option<f64>,
@@ -271,6 +274,7 @@ fn parse_worker(s: &str) -> Result<WorkerSpec> {
             "hash_seed" => w.hash_seed = Some(v),
             "hash_block_size" => w.hash_block_size = Some(v.parse()?),
             "chunk_size" => w.chunk_size = Some(v.parse()?),
+            "offload_chunk_blocks" => w.offload_chunk_blocks = Some(v.parse()?),
             "content_keys" => w.content_keys = v.parse()?,
             "speculative" | "eagle" => w.speculative = v.parse()?,
             "model_dir" => w.model_dir = Some(v.into()),
@@ -372,6 +376,9 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(d) = a.decode_interference {
         cfg.weights.decode_interference = d;
+    }
+    if let Some(us) = a.cpu_load_us_per_token {
+        cfg.weights.cpu_load_us_per_token = us;
     }
     cfg.explain_always |= a.explain_always;
     if a.snapshot_path.is_some() {

@@ -92,6 +92,13 @@ pub struct SimWorkerArgs {
     /// `"kv_consumer"` (a decode worker) or `"kv_both"`; `engine_id` optional.
     #[arg(long)]
     kv_transfer_config: Option<kvroute_sim::KvTransfer>,
+    /// A CPU tier of this many slots, as vLLM's `--kv-offloading-size` with the default
+    /// `OffloadingConnector` (one chunk a GPU block; a slot holds one chunk of one group):
+    /// prompt blocks are stored there as their prefill completes, evicted LRU, published with
+    /// `medium = "CPU"`, and loaded back (counted in `cached_tokens`) when the tier serves
+    /// more than the device. 0: none.
+    #[arg(long, default_value_t = 0)]
+    kv_offloading_slots: usize,
 }
 
 fn parse_engine(s: &str) -> Result<kvroute_index::Engine, String> {
@@ -130,6 +137,7 @@ fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
     };
     e.engine = a.engine_version;
     e.speculative = a.speculative_config.clone();
+    e.cpu_tier_slots = a.kv_offloading_slots;
     e.spec.params()?;
     cfg.lora_modules = a.lora_modules.clone();
     cfg.kv_transfer = a.kv_transfer_config.clone();

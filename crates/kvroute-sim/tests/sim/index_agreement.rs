@@ -10,7 +10,9 @@
 //! vLLM 0.32 with and without EAGLE (the drop), vLLM 0.33 without speculation, with EAGLE
 //! (lookahead hashes, `L = 1`), with multi-layer MTP (`L = 3`) and with lookahead hashes
 //! disabled (0.33's fallback to the drop); the index is configured as a gateway would
-//! configure that worker.
+//! configure that worker. With a CPU tier beside the pool (vLLM's `OffloadingConnector`), the
+//! index, fed the tier's events too, predicts the device hit and the tier's part of every
+//! lookup.
 
 use kvroute_index::hash::{BlockExtras, HashAlgo, DEFAULT_SEED};
 use kvroute_index::WorkerConfig;
@@ -36,6 +38,8 @@ fn fresh(rng: &mut StdRng, n: usize, vocab: u32) -> Vec<u32> {
 struct Mode {
     engine: Generation,
     speculative: Option<Speculative>,
+    /// A CPU tier (the `OffloadingConnector`) beside the device pool.
+    cpu_tier: bool,
 }
 
 fn spec(method: &str, k: u32, layers: Option<u32>, no_lookahead: bool) -> Option<Speculative> {
@@ -54,9 +58,17 @@ fn modes() -> Vec<Mode> {
     let m = |engine, speculative| Mode {
         engine,
         speculative,
+        cpu_tier: false,
+    };
+    let tiered = |engine| Mode {
+        engine,
+        speculative: None,
+        cpu_tier: true,
     };
     vec![
         m(Generation::Vllm032, None),
+        tiered(Generation::Vllm032),
+        tiered(Generation::Vllm033),
         m(Generation::Vllm032, spec("eagle", 3, None, false)),
         m(Generation::Vllm033, None),
         m(Generation::Vllm033, spec("eagle3", 3, None, false)),
@@ -72,10 +84,15 @@ fn plain() -> Mode {
 /// Runs one random workload; returns the number of lookups checked, or `None` when the
 /// engine refuses the configuration (EAGLE's drop with a chunked local group, as vLLM does).
 fn run(preset: &str, seed: u64) -> usize {
-    run_mode(preset, seed, &plain()).expect("every preset runs without speculation")
+    run_mode(preset, seed, &plain())
+        .expect("every preset runs without speculation")
+        .0
 }
 
-fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
+/// Runs one random workload; returns the lookups checked and how many of them the CPU tier
+/// served, or `None` when the engine refuses the configuration (EAGLE's drop with a chunked
+/// local group, as vLLM does).
+fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<(usize, usize)> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut cfg = EngineConfig::for_preset(preset).unwrap();
     cfg.engine = mode.engine;
@@ -123,6 +140,11 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
         per_req + 1 + rng.gen_range(0..per_req)
     } as u32;
     cfg.retention = if rng.gen_bool(0.8) { Some(0) } else { None };
+    if mode.cpu_tier {
+        // Room for a few requests' chunks: the device evicts, the tier keeps more (and evicts
+        // too).
+        cfg.cpu_tier_slots = per_req * 4;
+    }
     cfg.worker = "w".into();
     let chunk = cfg.spec.groups.iter().find_map(|g| match g.kind {
         GroupKind::ChunkedLocal { chunk } => Some(chunk),
@@ -145,6 +167,7 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
             hash_block_size: None,
             chunk_size: chunk,
             eagle,
+            offload_chunk_blocks: None,
         },
         verify_hashes: true,
         engine: mode.engine,
@@ -167,6 +190,7 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
     let mut submitted = 0;
     let mut checked = 0;
     let mut hits = 0;
+    let mut tier_hits = 0;
     let mut lookahead_stores = 0;
     for _step in 0..20_000 {
         if submitted < total && (live.is_empty() || rng.gen_bool(0.3)) {
@@ -238,6 +262,12 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
             continue;
         }
         let out = engine.step();
+        if out.scheduled_tokens == 0 {
+            // Only requests loading KV (from the CPU tier) remain: time runs on to the first.
+            if let Some(t) = engine.next_ready_at() {
+                engine.advance_to(t);
+            }
+        }
         for e in &out.events {
             if let kvroute_index::Event::Stored(st) = e {
                 // 0.33 with lookahead publishes, per stored hash, the L tokens it covers.
@@ -267,12 +297,20 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
             };
             let p = index.predict(&"w".into(), 0, &q);
             assert_eq!(
-                p.cached as usize, l.hit,
-                "{preset} {mode:?} seed {seed}: lookup of {} tokens: index {} vs sim {} ({:?})",
-                l.num_tokens, p.cached, l.hit, p.groups
+                (p.cached as usize, p.tier as usize),
+                (l.hit + l.tier, l.tier),
+                "{preset} {mode:?} seed {seed}: lookup of {} tokens: index {} ({} tier) vs sim \
+                 {} + {} tier ({:?})",
+                l.num_tokens,
+                p.cached,
+                p.tier,
+                l.hit,
+                l.tier,
+                p.groups
             );
             checked += 1;
             hits += usize::from(l.hit > 0);
+            tier_hits += usize::from(l.tier > 0);
         }
         index.apply_all(&out.events[applied..]);
         for t in &out.tokens {
@@ -291,7 +329,8 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
     );
     if std::env::var("SIM_VERBOSE").is_ok() {
         eprintln!(
-            "{preset} seed {seed}: {checked} lookups ({hits} hit), stats {:?}, index {:?}",
+            "{preset} seed {seed}: {checked} lookups ({hits} hit, {tier_hits} from the tier), \
+             stats {:?}, index {:?}",
             engine.stats,
             index.stats()
         );
@@ -318,7 +357,7 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<usize> {
             assert_eq!(v, 0, "{preset} {mode:?} seed {seed}: {name}");
         }
     }
-    Some(checked)
+    Some((checked, tier_hits))
 }
 
 proptest! {
@@ -345,7 +384,7 @@ fn the_sim_hit_equals_the_index_prediction_on_every_preset_for_every_engine_and_
     for mode in modes() {
         for preset in PRESETS {
             for seed in [7, 42] {
-                let Some(n) = run_mode(preset, seed, &mode) else {
+                let Some((n, _)) = run_mode(preset, seed, &mode) else {
                     continue;
                 };
                 assert!(n >= 8, "{preset} {mode:?}: only {n} lookups");
@@ -359,7 +398,33 @@ proptest! {
 
     #[test]
     fn random_workloads_agree_under_vllm_0_33_lookahead_and_0_32_eagle(seed in any::<u64>()) {
-        for mode in &modes()[1..5] {
+        for mode in &modes()[3..7] {
+            for preset in PRESETS {
+                run_mode(preset, seed, mode);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cpu_tier_serves_lookups_the_device_evicted_and_the_index_predicts_each_exactly() {
+    let mode = modes().remove(1);
+    assert!(mode.cpu_tier);
+    let mut served = 0;
+    for preset in PRESETS {
+        for seed in [1, 2, 3] {
+            served += run_mode(preset, seed, &mode).map_or(0, |(_, t)| t);
+        }
+    }
+    assert!(served > 0, "the tier never served a lookup");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_workloads_with_a_cpu_tier_agree_on_every_preset(seed in any::<u64>()) {
+        for mode in &modes()[1..3] {
             for preset in PRESETS {
                 run_mode(preset, seed, mode);
             }

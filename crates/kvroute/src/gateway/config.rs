@@ -97,6 +97,10 @@ pub struct WorkerSpec {
     /// Chunk of chunked local attention (the model's `attention_chunk_size`).
     #[serde(default)]
     pub chunk_size: Option<u32>,
+    /// GPU blocks per chunk of the engine's `OffloadingConnector` (its `blocks_per_chunk`, or
+    /// its `block_size` over the GPU block); 1, the connector's default, when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_chunk_blocks: Option<u32>,
     /// Key blocks by the router's own content keys (SGLang; xxhash engines).
     #[serde(default)]
     pub content_keys: bool,
@@ -240,6 +244,7 @@ impl WorkerSpec {
             hash_seed: None,
             hash_block_size: None,
             chunk_size: None,
+            offload_chunk_blocks: None,
             content_keys: false,
             engine: None,
             speculative: SpeculativeSpec::default(),
@@ -286,6 +291,7 @@ impl WorkerSpec {
                 hash_block_size: self.hash_block_size,
                 chunk_size: self.chunk_size,
                 eagle: self.speculative.drops(engine),
+                offload_chunk_blocks: self.offload_chunk_blocks,
             },
             verify_hashes: true,
             engine,
@@ -452,6 +458,16 @@ pub struct PolicyWeights {
     /// [`super::decoding`]). `false` leaves decoding out.
     #[serde(default = "default_later_turns")]
     pub decode_interference: bool,
+    /// Cost model `ttft`: the time to load one token's KV from a worker's CPU tier (µs; the
+    /// `OffloadingConnector`'s hit, `medium = "CPU"`), added to its predicted TTFT. The
+    /// default, 5, is an 8B-class model's 128 KiB a token over PCIe 4.0 ×16 (about 25 GB/s):
+    /// set the model's KV bytes per token over the host link's bandwidth.
+    #[serde(default = "default_cpu_load_us_per_token")]
+    pub cpu_load_us_per_token: f64,
+}
+
+fn default_cpu_load_us_per_token() -> f64 {
+    5.0
 }
 
 fn default_later_turns() -> bool {
@@ -499,6 +515,7 @@ impl Default for PolicyWeights {
             later_turns: default_later_turns(),
             delay_to_others: default_later_turns(),
             decode_interference: default_later_turns(),
+            cpu_load_us_per_token: default_cpu_load_us_per_token(),
         }
     }
 }

@@ -28,6 +28,10 @@ pub struct Decision {
     pub worker: String,
     pub prompt_tokens: usize,
     pub predicted_cached: u64,
+    /// The part of `predicted_cached` the chosen worker's CPU tier serves (loaded before the
+    /// prefill; the rest is the device hit).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub predicted_tier: u64,
     /// The chosen worker's predicted time to first token (ms, the gateway's clock).
     pub predicted_ttft_ms: f64,
     /// The most any candidate was predicted to serve from cache (what load or a junction
@@ -50,6 +54,8 @@ pub struct Decision {
 struct Best {
     /// Predicted cached tokens under the policy's view.
     cached: u64,
+    /// The part of `cached` an offload tier serves.
+    tier: u64,
     rank: u32,
     /// The full-attention prefix (what group-blind predicts), at most `n − 1`.
     blind: u64,
@@ -152,12 +158,10 @@ pub fn decide_with<'a>(
         // through the index's shared store, not one visit per rank.
         for p in registry.index.predict_hits(&q) {
             let blind = p.group_blind.min(n.saturating_sub(1));
+            let blind_view = policy == PolicyKind::GroupBlind;
             let row = Best {
-                cached: if policy == PolicyKind::GroupBlind {
-                    blind
-                } else {
-                    p.cached
-                },
+                cached: if blind_view { blind } else { p.cached },
+                tier: if blind_view { 0 } else { p.tier },
                 rank: p.dp_rank,
                 blind,
                 params: p.params,
@@ -186,6 +190,7 @@ pub fn decide_with<'a>(
             if let Some((rank, params)) = registry.index.params_of(&w.id) {
                 let row = Best {
                     cached: 0,
+                    tier: 0,
                     rank,
                     blind: 0,
                     params: Some(params),
@@ -251,6 +256,9 @@ pub fn decide_with<'a>(
         .map(|w| {
             let name = w.spec.name.as_str();
             let cached = best.get(name).map_or(0, |b| b.cached);
+            let tier = best.get(name).map_or(0, |b| b.tier);
+            // The tier's part is loaded, not computed: it costs its transfer before the prefill.
+            let tier_load_ms = tier as f64 * weights.cpu_load_us_per_token / 1000.0;
             let o = outlooks.get(name).copied().unwrap_or_default();
             let checkpoints = if o.align > 0 {
                 let junction = if o.prefix > o.forecast { o.prefix } else { 0 };
@@ -261,7 +269,8 @@ pub fn decide_with<'a>(
             let forecast_cached = o.forecast.saturating_sub(cached);
             let expected = n.saturating_sub(cached + forecast_cached);
             let work = Work::new(w.queued_tokens(), n - expected, expected, w.running());
-            let (predicted_ttft_ms, ms_per_token) = w.ttft.predict(&registry.fleet_ttft, &work);
+            let (device_ttft_ms, ms_per_token) = w.ttft.predict(&registry.fleet_ttft, &work);
+            let predicted_ttft_ms = device_ttft_ms + tier_load_ms;
             let (load_delay_ms, busy_ms) = load_delay_ms(registry, w, &work);
             let own_ms = (predicted_ttft_ms - busy_ms).max(0.0);
             // The requests reaching the worker before this one's first token queue behind it.
@@ -292,6 +301,8 @@ pub fn decide_with<'a>(
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
+                predicted_tier: tier,
+                tier_load_ms,
                 uncached: n - cached.min(n),
                 forecast_cached,
                 load: w.load_tokens(weights.tokens_per_request),
@@ -335,6 +346,7 @@ pub fn decide_with<'a>(
             worker: first.as_ref().map(|c| c.worker.clone()).unwrap_or_default(),
             prompt_tokens: tokens.len(),
             predicted_cached: first.as_ref().map_or(0, |c| c.predicted_cached),
+            predicted_tier: first.as_ref().map_or(0, |c| c.predicted_tier),
             predicted_ttft_ms: first.as_ref().map_or(0.0, |c| c.predicted_ttft_ms),
             best_cached: ranked.iter().map(|c| c.predicted_cached).max().unwrap_or(0),
             follow_ups,
@@ -382,6 +394,10 @@ fn load_delay_ms(registry: &Registry, w: &Worker, work: &Work) -> (f64, f64) {
     let (busy, _) = w.ttft.predict(&registry.fleet_ttft, &loaded);
     let (idle, _) = w.ttft.predict(&registry.fleet_ttft, &Work::default());
     ((busy - idle).max(0.0), busy)
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[cfg(test)]

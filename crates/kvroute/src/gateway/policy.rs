@@ -68,6 +68,13 @@ pub struct Candidate {
     pub worker: String,
     /// Predicted cached tokens under this policy's view of the cache.
     pub predicted_cached: u64,
+    /// The part of `predicted_cached` the worker's CPU tier serves (loaded, not computed).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub predicted_tier: u64,
+    /// The predicted load of `predicted_tier` (ms; `cpu_load_us_per_token` a token), part of
+    /// `predicted_ttft_ms`.
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub tier_load_ms: f64,
     /// Prompt tokens minus `predicted_cached`.
     pub uncached: u64,
     /// Hybrid-aware only: cached tokens beyond `predicted_cached` that the worker will serve
@@ -220,6 +227,8 @@ mod tests {
         Candidate {
             worker: w.into(),
             predicted_cached: cached,
+            predicted_tier: 0,
+            tier_load_ms: 0.0,
             uncached: n - cached,
             forecast_cached: 0,
             load,

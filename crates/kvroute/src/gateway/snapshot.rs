@@ -112,6 +112,9 @@ struct RunEntry {
 #[derive(Serialize, Deserialize)]
 struct TierEntry {
     medium: String,
+    /// The group the tier keyed the blocks by (0 when absent).
+    #[serde(default)]
+    group: u32,
     /// (hash, copies) packed as 16 + 8 hex digits.
     blocks: String,
 }
@@ -463,6 +466,7 @@ fn rank_entry(dp_rank: u32, at: StreamPosition, image: &RankImage) -> RankEntry 
             .iter()
             .map(|t| TierEntry {
                 medium: t.medium.clone(),
+                group: t.group,
                 blocks: t
                     .blocks
                     .iter()
@@ -529,6 +533,7 @@ fn rank_image(r: &RankEntry) -> Result<RankImage, String> {
             .collect();
         offload.push(TierImage {
             medium: t.medium.clone(),
+            group: t.group,
             blocks,
         });
     }
@@ -666,6 +671,7 @@ mod tests {
             ],
             offload: vec![TierImage {
                 medium: "CPU".into(),
+                group: 1,
                 blocks: vec![(5, 3)],
             }],
         }

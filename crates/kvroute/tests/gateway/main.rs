@@ -15,4 +15,5 @@ mod lora;
 mod reload;
 mod replicas;
 mod tenants;
+mod tiers;
 mod worker_faults;

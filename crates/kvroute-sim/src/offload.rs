@@ -1,0 +1,240 @@
+//! The simulated engine's CPU tier, as vLLM's `OffloadingConnector` keeps one (the backend
+//! `--kv-offloading-size` selects; one chunk = one GPU block, its default).
+//!
+//! Owns: the tier's slots (one per (chunk key, group)), their LRU order, what a request offers
+//! to store as its prefill computes it, the tier's hit for a request (the connector's rule,
+//! `kvroute_index::tier::offload_hit`) and the events the tier publishes: one `BlockStored`
+//! per chunk (`medium = "CPU"`, the group, the key's hash alone, `block_size = 0`, no tokens or
+//! parent) and one `BlockRemoved` per evicted chunk.
+//! Invariants: at most `capacity` slots are held; a store never evicts a key of the same offer;
+//! a request's chunks are ordered head-last in the LRU (its tail is evicted before its head);
+//! only prompt tokens are offered; a Mamba group offers the state at the end of a step only
+//! when that end is on a chunk boundary (align mode keeps no other), every other group every
+//! chunk its prefill completed.
+//! Must not: publish anything on a reset (the connector does not), or know about requests
+//! beyond the hashes and lengths it is handed.
+
+use crate::spec::{GroupKind, ModelSpec};
+use kvroute_index::tier::{offload_hit, TierGroup};
+use kvroute_index::{EngineHash, Event, Removed, Rule, Stored, WorkerId};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// The medium the tier's events name.
+pub const MEDIUM: &str = "CPU";
+
+/// A slot's key: (the chunk's last hash-block hash, the group).
+type Key = (u64, u32);
+
+pub struct CpuTier {
+    capacity: usize,
+    groups: Vec<TierGroup>,
+    /// Key → its recency tick; `lru` orders the ticks.
+    held: HashMap<Key, u64>,
+    lru: BTreeMap<u64, Key>,
+    tick: u64,
+    events: Vec<Event>,
+    worker: WorkerId,
+    dp_rank: u32,
+}
+
+fn rule_of(kind: GroupKind) -> (Rule, Option<u32>) {
+    match kind {
+        GroupKind::FullAttention => (Rule::FullAttention, None),
+        GroupKind::SlidingWindow { window } => (Rule::SlidingWindow, Some(window)),
+        GroupKind::ChunkedLocal { chunk } => (Rule::ChunkedLocal, Some(chunk)),
+        GroupKind::Mamba => (Rule::Mamba, None),
+    }
+}
+
+impl CpuTier {
+    /// A tier of `capacity` (chunk, group) slots for a model whose requests hash blocks of
+    /// `hash_block` tokens.
+    pub fn new(
+        capacity: usize,
+        spec: &ModelSpec,
+        hash_block: u32,
+        worker: WorkerId,
+        dp_rank: u32,
+    ) -> CpuTier {
+        let groups = spec
+            .groups
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| {
+                let (rule, window) = rule_of(g.kind);
+                TierGroup::new(i as u32, rule, window, g.block_size, 1, hash_block)
+            })
+            .collect();
+        CpuTier {
+            capacity,
+            groups,
+            held: HashMap::new(),
+            lru: BTreeMap::new(),
+            tick: 0,
+            events: Vec::new(),
+            worker,
+            dp_rank,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    pub fn contains(&self, group: u32, hash: u64) -> bool {
+        self.held.contains_key(&(hash, group))
+    }
+
+    /// The tokens beyond the device hit `local` the tier serves a request of `n` tokens.
+    pub fn hit(&self, n: usize, local: usize, hashes: &[u64]) -> usize {
+        if self.held.is_empty() {
+            return 0;
+        }
+        offload_hit(n, local, hashes, &self.groups, |g, h| self.contains(g, h))
+    }
+
+    /// A request's prefill went from `from` to `to` computed tokens of its `prompt_len`-token
+    /// prompt: its completed chunks are stored (or refreshed), head last in the LRU.
+    pub fn offer(&mut self, hashes: &[u64], prompt_len: usize, from: usize, to: usize) {
+        let to = to.min(prompt_len);
+        if to <= from || self.capacity == 0 {
+            return;
+        }
+        let mut keys: Vec<(usize, Key)> = Vec::new();
+        for g in &self.groups {
+            let c = g.tokens_per_chunk;
+            let chunks: Vec<usize> = if g.mamba {
+                // Only the state at the end of this step exists.
+                if to % c == 0 {
+                    vec![to / c - 1]
+                } else {
+                    Vec::new()
+                }
+            } else {
+                (from / c..to / c).filter(|i| (i + 1) * c > from).collect()
+            };
+            for i in chunks {
+                if let Some(h) = hashes.get((i + 1) * g.hashes_per_chunk - 1) {
+                    keys.push((i, (*h, g.group)));
+                }
+            }
+        }
+        // Tail first, so that the head ends up the most recent.
+        keys.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        let offered: HashSet<Key> = keys.iter().map(|(_, k)| *k).collect();
+        for (_, key) in keys {
+            if self.held.contains_key(&key) {
+                self.touch(key);
+                continue;
+            }
+            if self.held.len() >= self.capacity && !self.evict_one(&offered) {
+                continue;
+            }
+            self.touch(key);
+            self.events.push(Event::Stored(Stored {
+                worker: self.worker.clone(),
+                dp_rank: self.dp_rank,
+                medium: Some(MEDIUM.into()),
+                group: Some(key.1),
+                kind: None,
+                sliding_window: None,
+                block_size: 0,
+                parent: None,
+                hashes: vec![EngineHash::int(key.0)],
+                token_ids: Vec::new(),
+                extra_keys: None,
+                lora_id: None,
+                lora_name: None,
+                lookahead_token_ids: None,
+            }));
+        }
+    }
+
+    fn touch(&mut self, key: Key) {
+        self.tick += 1;
+        if let Some(old) = self.held.insert(key, self.tick) {
+            self.lru.remove(&old);
+        }
+        self.lru.insert(self.tick, key);
+    }
+
+    /// Evicts the least recent slot not in `keep`; false when every slot is in it.
+    fn evict_one(&mut self, keep: &HashSet<Key>) -> bool {
+        let Some((&tick, &key)) = self.lru.iter().find(|(_, k)| !keep.contains(k)) else {
+            return false;
+        };
+        self.lru.remove(&tick);
+        self.held.remove(&key);
+        self.events.push(Event::Removed(Removed {
+            worker: self.worker.clone(),
+            dp_rank: self.dp_rank,
+            medium: Some(MEDIUM.into()),
+            group: Some(key.1),
+            hashes: vec![EngineHash::int(key.0)],
+        }));
+        true
+    }
+
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tier(capacity: usize) -> CpuTier {
+        let spec = crate::spec::preset("llama").unwrap();
+        CpuTier::new(capacity, &spec, 16, "w".into(), 0)
+    }
+
+    fn hashes(n: usize) -> Vec<u64> {
+        (0..n as u64).map(|i| 100 + i).collect()
+    }
+
+    #[test]
+    fn a_prefill_stores_each_completed_chunk_once_with_one_event_each() {
+        let mut t = tier(100);
+        let h = hashes(10);
+        t.offer(&h, 160, 0, 40);
+        t.offer(&h, 160, 40, 200);
+        assert_eq!(t.len(), 10);
+        let events = t.take_events();
+        assert_eq!(events.len(), 10);
+        assert!(events.iter().all(|e| matches!(e, Event::Stored(s)
+            if s.medium.as_deref() == Some(MEDIUM) && s.block_size == 0 && s.hashes.len() == 1)));
+    }
+
+    #[test]
+    fn a_full_tier_evicts_another_requests_tail_first() {
+        let mut t = tier(4);
+        let a = hashes(4);
+        t.offer(&a, 64, 0, 64);
+        let b: Vec<u64> = (0..2).map(|i| 900 + i).collect();
+        t.offer(&b, 32, 0, 32);
+        t.take_events();
+        // a's tail chunks (3, 2) went first; its head survives.
+        assert!(t.contains(0, 100) && t.contains(0, 101));
+        assert!(!t.contains(0, 102) && !t.contains(0, 103));
+        assert_eq!(t.hit(64, 0, &a), 32);
+    }
+
+    #[test]
+    fn a_mamba_group_offers_only_the_state_at_a_chunk_boundary() {
+        let spec = crate::spec::preset("tiny-qwen3-next").unwrap();
+        let mut t = CpuTier::new(100, &spec, 64, "w".into(), 0);
+        let h = hashes(4);
+        t.offer(&h, 256, 0, 100);
+        // Attention chunk 0 only; no state at 100.
+        assert_eq!(t.len(), 1);
+        t.offer(&h, 256, 100, 192);
+        // Attention chunks 1, 2 and the three Mamba groups' state at 192.
+        assert_eq!(t.len(), 3 + 3);
+        assert!((0..3).all(|g| t.contains(g, 102)));
+    }
+}
