@@ -454,7 +454,7 @@ pub struct PolicyWeights {
     #[serde(default = "default_later_turns")]
     pub delay_to_others: bool,
     /// Cost model `ttft`: add, for each candidate, the end-to-end latency this request's
-    /// decode adds to the requests running there and theirs to it (`2·δ·output·running`,
+    /// decode adds to the requests running there and theirs to it (`2·δ·running·overlap`,
     /// [`super::decoding`]). `false` leaves decoding out.
     #[serde(default = "default_later_turns")]
     pub decode_interference: bool,

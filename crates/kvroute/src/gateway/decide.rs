@@ -251,6 +251,8 @@ pub fn decide_with<'a>(
     } else {
         0.0
     };
+    // What the requests running there have left is spread up to the fleet's mean answer.
+    let mean_output = registry.output_tokens.mean().unwrap_or(output_tokens);
     let cands: Vec<Candidate> = workers
         .iter()
         .map(|w| {
@@ -296,6 +298,7 @@ pub fn decide_with<'a>(
             let decode_interference_ms = decode_interference_ms(
                 w.decode.delta(&registry.fleet_decode),
                 output_tokens,
+                mean_output,
                 w.running(),
             );
             Candidate {
@@ -515,8 +518,9 @@ mod tests {
         let b = d.candidates.iter().find(|c| c.worker == "b").unwrap();
         let delta = registry.fleet_decode.ms_per_running();
         assert!((delta - 0.5).abs() < 0.01, "{delta}");
+        // A typical answer overlaps half of each running one's: δ·Ō·R.
         assert!(
-            (a.decode_interference_ms - 2.0 * delta * 40.0 * 6.0).abs() < 1e-6,
+            (a.decode_interference_ms - delta * 40.0 * 6.0).abs() < 1e-6,
             "{a:?}"
         );
         assert_eq!(b.decode_interference_ms, 0.0);
@@ -524,7 +528,8 @@ mod tests {
         // A short answer brings less: capped by the request's max_tokens.
         let short = run(&PolicyWeights::default(), Some(4));
         let a4 = short.candidates.iter().find(|c| c.worker == "a").unwrap();
-        assert!((a4.decode_interference_ms - 2.0 * delta * 4.0 * 6.0).abs() < 1e-6);
+        let overlap = 4.0 - 4.0 * 4.0 / (2.0 * 40.0);
+        assert!((a4.decode_interference_ms - 2.0 * delta * overlap * 6.0).abs() < 1e-6);
         // Switched off, the decode is not priced.
         let off = PolicyWeights {
             decode_interference: false,

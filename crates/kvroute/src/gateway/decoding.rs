@@ -9,10 +9,13 @@
 //! request alone adds; [`OutputTokens`], the fleet's mean answer length; and
 //! [`decode_interference_ms`], the cost the policy adds to a candidate. An engine decodes all
 //! its running sequences in every step (continuous batching), so each one lengthens every
-//! step by δ: a request decoding `O` tokens where `R` others run is slowed by `δ·R` a token,
-//! and slows each of them by `δ` a token while they overlap — about `2·δ·O·R` milliseconds of
-//! end-to-end latency in all, nothing on an idle worker. Each pair of requests is charged
-//! once, to the later of the two.
+//! step by δ: a request decoding `O` tokens where `R` others run is slowed by `δ` a token by
+//! each of them, and slows each by `δ` a token, while they overlap. A running request has, on
+//! average, part of a typical answer (`Ō` tokens, the fleet's mean) left — its remaining
+//! tokens spread evenly over `[0, Ō]` — so a pair overlaps `E[min(O, U)] = O − O²/(2·Ō)`
+//! tokens (`Ō/2` for a typical answer): `2·δ·R·(O − O²/(2·Ō))` milliseconds of end-to-end
+//! latency in all, nothing on an idle worker. Each pair of requests is charged once, to the
+//! later of the two.
 //! Invariants: δ is never negative; the charge is 0 with nothing running, no expected output,
 //! or an unfitted model, and grows with each; the mean answer length is finite and never
 //! negative.
@@ -127,10 +130,24 @@ impl OutputTokens {
     }
 }
 
-/// The end-to-end latency a request decoding `output_tokens` adds where `running` others
-/// run and each running request lengthens a token by `delta_ms`: `2·δ·O·R`.
-pub fn decode_interference_ms(delta_ms: f64, output_tokens: f64, running: u64) -> f64 {
-    let x = 2.0 * delta_ms.max(0.0) * output_tokens.max(0.0) * running as f64;
+/// The end-to-end latency a request decoding `output_tokens` (`O`) adds where `running` (`R`)
+/// others run, each lengthening a token by `delta_ms` (`δ`) and each with a remaining answer
+/// spread evenly up to `mean_output` (`Ō`) tokens: `2·δ·R·(O − O²/(2·Ō))` for `O ≤ Ō`,
+/// `δ·R·Ō` beyond.
+pub fn decode_interference_ms(
+    delta_ms: f64,
+    output_tokens: f64,
+    mean_output: f64,
+    running: u64,
+) -> f64 {
+    let o = output_tokens.max(0.0);
+    let m = mean_output.max(0.0);
+    let overlap = if o >= m {
+        m / 2.0
+    } else {
+        o - o * o / (2.0 * m)
+    };
+    let x = 2.0 * delta_ms.max(0.0) * overlap * running as f64;
     if x.is_finite() {
         x
     } else {
@@ -183,12 +200,26 @@ mod tests {
     }
 
     #[test]
-    fn the_charge_is_twice_delta_times_output_times_running() {
-        assert_eq!(decode_interference_ms(0.2, 50.0, 3), 2.0 * 0.2 * 50.0 * 3.0);
-        assert_eq!(decode_interference_ms(0.2, 50.0, 0), 0.0);
-        assert_eq!(decode_interference_ms(-1.0, 50.0, 3), 0.0);
-        assert_eq!(decode_interference_ms(0.2, f64::INFINITY, 3), 0.0);
-        assert!(decode_interference_ms(0.2, 50.0, 4) > decode_interference_ms(0.2, 50.0, 3));
+    fn a_typical_answer_overlaps_half_of_each_running_answer() {
+        // O = Ō: each pair overlaps Ō/2 tokens, both ways: δ·Ō·R.
+        assert!((decode_interference_ms(0.2, 50.0, 50.0, 3) - 0.2 * 50.0 * 3.0).abs() < 1e-9);
+        // A short answer overlaps nearly all of itself: O − O²/(2Ō).
+        let short = decode_interference_ms(0.2, 10.0, 50.0, 3);
+        assert!((short - 2.0 * 0.2 * 3.0 * (10.0 - 1.0)).abs() < 1e-9);
+        // A longer one overlaps no more than the others have left.
+        assert_eq!(
+            decode_interference_ms(0.2, 500.0, 50.0, 3),
+            decode_interference_ms(0.2, 50.0, 50.0, 3)
+        );
+        assert_eq!(decode_interference_ms(0.2, 50.0, 50.0, 0), 0.0);
+        assert_eq!(decode_interference_ms(-1.0, 50.0, 50.0, 3), 0.0);
+        assert_eq!(
+            decode_interference_ms(0.2, f64::INFINITY, f64::INFINITY, 3),
+            0.0
+        );
+        assert_eq!(decode_interference_ms(0.2, 50.0, 0.0, 3), 0.0);
+        let more = decode_interference_ms(0.2, 50.0, 50.0, 4);
+        assert!(more > decode_interference_ms(0.2, 50.0, 50.0, 3));
     }
 
     #[test]
