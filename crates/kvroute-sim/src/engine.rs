@@ -447,6 +447,42 @@ impl Engine {
         events
     }
 
+    /// Admits the first waiting request, `handle`, whose KV beyond the device's `hit` arrives
+    /// from elsewhere (a prefill worker, the CPU tier): `load` more tokens are allocated and
+    /// counted as computed, the request runs once `transfer_s` has passed, and it reports
+    /// `cached` tokens. False, admitting nothing, when the pool cannot hold them.
+    fn admit_loading(
+        &mut self,
+        handle: u64,
+        hit: &crate::cache::Hit,
+        load: usize,
+        transfer_s: f64,
+        cached: usize,
+    ) -> bool {
+        let Some(r) = self.reqs.get(&handle) else {
+            return false;
+        };
+        let ctx = Self::ctx(r, self.lookahead);
+        if self
+            .kv
+            .allocate_slots(&ctx, 0, load, hit.tokens, hit.blocks.as_deref(), true)
+            .is_none()
+        {
+            return false;
+        }
+        self.stats.prefix_cache_queries += r.tokens.len() as u64;
+        self.stats.prefix_cache_hits += hit.tokens as u64;
+        self.waiting.pop_front();
+        self.running.push(handle);
+        let ready = self.now + transfer_s;
+        if let Some(r) = self.reqs.get_mut(&handle) {
+            r.num_cached_tokens = Some(cached);
+            r.num_computed = hit.tokens + load;
+            r.ready_at = Some(ready);
+        }
+        true
+    }
+
     /// (`num_cached_tokens`, tokens computed once loaded) when the CPU tier serves more of `r`
     /// than the device's `hit`: the connector's hit from the block-aligned device hit; a whole
     /// prompt served still computes its last token.
@@ -633,23 +669,11 @@ impl Engine {
                     // Pull every prompt token beyond the hit but the last; none of the budget.
                     let load = (r.tokens.len() - 1).saturating_sub(hit.tokens);
                     if load > 0 {
-                        let ctx = Self::ctx(r, self.lookahead);
-                        if self
-                            .kv
-                            .allocate_slots(&ctx, 0, load, hit.tokens, hit.blocks.as_deref(), true)
-                            .is_none()
-                        {
+                        let pull_s = load as f64 * self.cfg.time.kv_transfer_token_s;
+                        if !self.admit_loading(handle, &hit, load, pull_s, remote.cached_tokens) {
                             break;
                         }
-                        self.stats.prefix_cache_queries += r.tokens.len() as u64;
-                        self.stats.prefix_cache_hits += hit.tokens as u64;
-                        let ready = self.now + load as f64 * self.cfg.time.kv_transfer_token_s;
-                        self.waiting.pop_front();
-                        self.running.push(handle);
                         if let Some(r) = self.reqs.get_mut(&handle) {
-                            r.num_cached_tokens = Some(remote.cached_tokens);
-                            r.num_computed = hit.tokens + load;
-                            r.ready_at = Some(ready);
                             r.remote = None;
                         }
                         continue;
@@ -657,27 +681,14 @@ impl Engine {
                 }
                 if let Some((total, computed)) = tiered {
                     // The CPU tier serves more than the device: load it, then compute the rest.
-                    let ctx = Self::ctx(r, self.lookahead);
-                    let load = computed - hit.tokens;
-                    if self
-                        .kv
-                        .allocate_slots(&ctx, 0, load, hit.tokens, hit.blocks.as_deref(), true)
-                        .is_none()
-                    {
+                    let loaded = total - hit.tokens;
+                    let load_s = loaded as f64 * self.cfg.time.cpu_load_token_s;
+                    if !self.admit_loading(handle, &hit, computed - hit.tokens, load_s, total) {
                         break;
                     }
-                    self.stats.prefix_cache_queries += r.tokens.len() as u64;
-                    self.stats.prefix_cache_hits += hit.tokens as u64;
-                    self.stats.tier_hits += (total - hit.tokens) as u64;
-                    let ready =
-                        self.now + (total - hit.tokens) as f64 * self.cfg.time.cpu_load_token_s;
-                    self.waiting.pop_front();
-                    self.running.push(handle);
+                    self.stats.tier_hits += loaded as u64;
                     if let Some(r) = self.reqs.get_mut(&handle) {
-                        r.num_cached_tokens = Some(total);
-                        r.num_computed = computed;
                         r.tier_offered = total.min(r.prompt_len);
-                        r.ready_at = Some(ready);
                     }
                     continue;
                 }

@@ -133,3 +133,33 @@ pub fn degraded_ranks(gw: &GatewayHandle) -> usize {
         .filter(|r| r.degraded)
         .count()
 }
+
+/// Waits until the gateway's index has taken in the engines' events: its store and removal
+/// counts (every tier's included) and device blocks stop changing for 100 ms (bounded at
+/// 5 s), so a prediction does not race the events of the request before it.
+pub async fn settle(gw: &GatewayHandle) {
+    use kvroute_index::counters::Counter;
+    use std::time::{Duration, Instant};
+    let index = &gw.state.registry.index;
+    let snapshot = || {
+        let c = index.counters();
+        (
+            c.get(Counter::StoreEvents),
+            c.get(Counter::RemoveEvents),
+            index.stats().block_copies,
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = snapshot();
+    let mut stable_since = Instant::now();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = snapshot();
+        if now != last {
+            last = now;
+            stable_since = Instant::now();
+        } else if stable_since.elapsed() >= Duration::from_millis(100) {
+            return;
+        }
+    }
+}

@@ -58,25 +58,6 @@ async fn wait_listed(gw: &GatewayHandle, model: &str) {
     }
 }
 
-/// Waits until the index has taken in the engines' events (stable for 100 ms).
-async fn settle(gw: &GatewayHandle) {
-    let index = &gw.state.registry.index;
-    let snapshot = || index.stats().block_copies;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut last = snapshot();
-    let mut stable_since = Instant::now();
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = snapshot();
-        if now != last {
-            last = now;
-            stable_since = Instant::now();
-        } else if stable_since.elapsed() >= Duration::from_millis(100) {
-            return;
-        }
-    }
-}
-
 struct Reply {
     status: u16,
     body: Value,
@@ -131,7 +112,7 @@ async fn adapter_requests_go_only_to_the_worker_serving_the_adapter_and_are_pred
         assert_eq!(r.body["model"], "sql");
         assert_eq!(r.predicted(), r.cached(), "request {k}: {}", r.decision);
         hits += u64::from(r.cached() > 0);
-        settle(&gw).await;
+        common::settle(&gw).await;
     }
     assert!(hits >= 5, "the shared prefix is reused under the adapter");
     let view = common::admin_workers(&gw).await;
@@ -152,7 +133,7 @@ async fn base_and_adapter_requests_with_one_prompt_share_no_cache() {
 
     let first = complete(&gw, "sql", &p).await;
     assert_eq!((first.cached(), first.predicted()), (0, 0));
-    settle(&gw).await;
+    common::settle(&gw).await;
     // The base model misses what the adapter cached, and the gateway knows it.
     let base = complete(&gw, BASE, &p).await;
     assert_eq!(
@@ -161,7 +142,7 @@ async fn base_and_adapter_requests_with_one_prompt_share_no_cache() {
         "{}",
         base.decision
     );
-    settle(&gw).await;
+    common::settle(&gw).await;
     for model in ["sql", BASE] {
         let again = complete(&gw, model, &p).await;
         assert_eq!(again.cached(), 80, "{model} hits its own blocks");

@@ -25,32 +25,6 @@ async fn sim() -> SimHandle {
         .unwrap()
 }
 
-/// Waits until the index has taken in the engine's events (stable for 100 ms).
-async fn settle(gw: &GatewayHandle) {
-    let index = &gw.state.registry.index;
-    let snapshot = || {
-        let offload: u64 = index
-            .ranks()
-            .iter()
-            .filter_map(|(w, r)| index.inspect(w, *r, |s| s.offload_blocks().values().sum::<u64>()))
-            .sum();
-        (index.stats().block_copies, offload)
-    };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut last = snapshot();
-    let mut stable_since = Instant::now();
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = snapshot();
-        if now != last {
-            last = now;
-            stable_since = Instant::now();
-        } else if stable_since.elapsed() >= Duration::from_millis(100) {
-            return;
-        }
-    }
-}
-
 async fn complete(gw: &GatewayHandle, prompt: &[u32]) -> (u64, Value) {
     let body = json!({"model": "llama", "prompt": prompt, "max_tokens": 2});
     let (status, decision, text) = common::post_completion(gw, &body).await;
@@ -80,17 +54,17 @@ async fn blocks_the_device_evicted_are_served_from_the_cpu_tier_and_predicted_ex
     while gw.state.registry.index.stats().block_copies == 0 {
         assert!(Instant::now() < deadline, "no event reached the gateway");
         complete(&gw, &prompt(40_000, 40)).await;
-        settle(&gw).await;
+        common::settle(&gw).await;
     }
     let a = prompt(1000, 300);
     let (cached, d) = complete(&gw, &a).await;
     assert_eq!((cached, d["predicted_cached"].as_u64()), (0, Some(0)));
     // Two other prompts push a's blocks off the device; the tier keeps them all.
     for first in [5000, 9000, 13000] {
-        settle(&gw).await;
+        common::settle(&gw).await;
         complete(&gw, &prompt(first, 300)).await;
     }
-    settle(&gw).await;
+    common::settle(&gw).await;
     let (cached, d) = complete(&gw, &a).await;
     let tier = d["predicted_tier"].as_u64().unwrap_or(0);
     let index = &gw.state.registry.index;
@@ -113,7 +87,7 @@ async fn blocks_the_device_evicted_are_served_from_the_cpu_tier_and_predicted_ex
     let load = c["tier_load_ms"].as_f64().unwrap_or(0.0);
     assert!((load - tier as f64 * 5.0 / 1000.0).abs() < 1e-9, "{d}");
     // A repeat now hits the device for what the load brought back.
-    settle(&gw).await;
+    common::settle(&gw).await;
     let (again, d) = complete(&gw, &a).await;
     assert_eq!(d["predicted_cached"].as_u64(), Some(again), "{d}");
     assert!(again >= 288 - 16, "{d}");
