@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The fuzz campaign: every cargo-fuzz target of kvroute for SECONDS each (default 600), one
-# after another on one core, seeded from the committed corpora, then a summary line per target:
+# after another on one core, seeded from the committed corpora (fuzz/corpora: the minimized
+# corpora of earlier campaigns; recorded frames, seeds), then a summary line per target:
 # CPU seconds the fuzzer used (it may share the core), executions, coverage (libFuzzer's `cov`
 # and `ft`) and findings (crash files). FUZZ_NICE=N runs it at that niceness.
 # Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). See docs/reliability.md.
@@ -21,6 +22,8 @@ dir_of() { case " ${wire[*]} " in *" $1 "*) echo crates/kvroute-wire/fuzz ;; *) 
 seed() {
   local t=$1 d=$2
   mkdir -p "$d/corpus/$t"
+  # The committed minimized corpus of earlier campaigns (fuzz/corpora/TARGET), then the seeds.
+  if [ -d "fuzz/corpora/$t" ]; then cp -n fuzz/corpora/"$t"/* "$d/corpus/$t/" 2>/dev/null || true; fi
   case $t in
     decode_batch)
       # The msgpack payloads of every committed frame capture (third frame, base64).
