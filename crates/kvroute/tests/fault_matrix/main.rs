@@ -111,6 +111,20 @@ pub(crate) async fn traffic(f: &Fleet, from: u32, to: u32) {
     }
 }
 
+/// The first engine restarts empty and takes traffic `from..to`: its stream from seq 0
+/// rebuilds the degraded rank, no rank stays degraded, and predictions are exact again.
+pub(crate) async fn restart_and_assert_rebuilt(gw: &GatewayHandle, f: &Fleet, from: u32, to: u32) {
+    f.workers[0].worker.restart(true).unwrap();
+    traffic(f, from, to).await;
+    assert!(converged(gw, f).await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::degraded_ranks(gw) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(common::degraded_ranks(gw), 0, "rebuilt");
+    assert_exact(gw, f).await;
+}
+
 /// For a few probes on each engine: the gateway's prediction, then the engine's answer.
 pub(crate) async fn assert_exact(gw: &GatewayHandle, f: &Fleet) {
     let mut hits = 0;
@@ -210,15 +224,7 @@ async fn without_a_replay_endpoint_a_loss_degrades_the_rank_with_nothing_extra_u
     );
     assert_holds_nothing_extra(&gw, &f.workers[0]);
     // The engine restarts empty: its stream from seq 0 rebuilds the rank.
-    f.workers[0].worker.restart(true).unwrap();
-    traffic(&f, 12, 16).await;
-    assert!(converged(&gw, &f).await);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::degraded_ranks(&gw) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(common::degraded_ranks(&gw), 0, "rebuilt");
-    assert_exact(&gw, &f).await;
+    restart_and_assert_rebuilt(&gw, &f, 12, 16).await;
     gw.shutdown().await;
 }
 

@@ -84,15 +84,7 @@ async fn a_replay_endpoint_answering_garbage_costs_that_rank_its_gap_and_disturb
         garbage_replay: Some(false),
         ..WireFaults::default()
     });
-    f.workers[0].worker.restart(true).unwrap();
-    traffic(&f, 14, 18).await;
-    assert!(converged(&gw, &f).await);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::degraded_ranks(&gw) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(common::degraded_ranks(&gw), 0, "rebuilt");
-    assert_exact(&gw, &f).await;
+    restart_and_assert_rebuilt(&gw, &f, 14, 18).await;
     gw.shutdown().await;
 }
 
