@@ -163,3 +163,17 @@ pub async fn settle(gw: &GatewayHandle) {
         }
     }
 }
+
+/// The worker names of a `GET /admin/workers` view, sorted.
+pub fn worker_names(v: &serde_json::Value) -> Vec<String> {
+    let mut n: Vec<String> = v["workers"]
+        .as_array()
+        .map(|ws| {
+            ws.iter()
+                .filter_map(|w| w["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    n.sort();
+    n
+}

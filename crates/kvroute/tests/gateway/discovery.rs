@@ -160,13 +160,7 @@ async fn wait_for_workers(gw: &GatewayHandle, names: &[&str]) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let v = common::admin_workers(gw).await;
-        let mut have: Vec<String> = v["workers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|w| w["name"].as_str().unwrap().to_string())
-            .collect();
-        have.sort();
+        let have = common::worker_names(&v);
         if have == names {
             return v;
         }

@@ -62,17 +62,6 @@ async fn reload(gw: &GatewayHandle) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
-fn names(v: &Value) -> Vec<String> {
-    let mut n: Vec<String> = v["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["name"].as_str().unwrap().to_string())
-        .collect();
-    n.sort();
-    n
-}
-
 fn metric(text: &str, line_start: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(line_start))
@@ -132,7 +121,11 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
     }
     let v = common::admin_workers(&gw).await;
     assert_eq!(v["policy"], "least-load");
-    assert_eq!(names(&v), ["w0", "w1"], "w0 drains while its stream runs");
+    assert_eq!(
+        common::worker_names(&v),
+        ["w0", "w1"],
+        "w0 drains while its stream runs"
+    );
 
     // The new limit applies at once; new requests go to w1.
     let big = reqwest::Client::new()
@@ -161,7 +154,7 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
     let body = String::from_utf8(body).unwrap();
     assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
     let deadline = Instant::now() + Duration::from_secs(5);
-    while names(&common::admin_workers(&gw).await) != ["w1"] {
+    while common::worker_names(&common::admin_workers(&gw).await) != ["w1"] {
         assert!(Instant::now() < deadline, "w0 was never removed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -212,7 +205,7 @@ async fn an_invalid_config_is_rejected_whole_with_the_reason_and_the_old_one_sta
         assert!(msg.contains("kept"), "{body}");
         let v = common::admin_workers(&gw).await;
         assert_eq!(v["policy"], "round-robin");
-        assert_eq!(names(&v), ["w0"]);
+        assert_eq!(common::worker_names(&v), ["w0"]);
     }
     assert_eq!(gw.state.config().policy.name(), "round-robin");
     let text = common::admin_metrics(&gw).await;
