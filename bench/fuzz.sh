@@ -3,7 +3,9 @@
 # after another on one core, seeded from the committed corpora (fuzz/corpora: the minimized
 # corpora of earlier campaigns; recorded frames, seeds), then a summary line per target:
 # CPU seconds the fuzzer used (it may share the core), executions, coverage (libFuzzer's `cov`
-# and `ft`) and findings (crash files). FUZZ_NICE=N runs it at that niceness.
+# and `ft`) and findings (crash files). FUZZ_NICE=N runs it at that niceness. FUZZ_CLOCK=cpu
+# makes SECONDS the fuzzer's own CPU seconds instead of wall seconds (for runs beside other work:
+# the fuzzer is interrupted, and prints its final stats, once it has used that much CPU).
 # Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). See docs/reliability.md.
 #   bench/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
@@ -56,6 +58,19 @@ PY
   esac
 }
 
+# Interrupt target T's fuzzer (SIGINT: libFuzzer prints its final stats) once its process has
+# used SECS CPU seconds, or return when the run under PID ends first.
+stop_at_cpu() {
+  local t=$1 secs=$2 run=$3 pid used
+  while kill -0 "$run" 2>/dev/null; do
+    sleep 5
+    pid=$(pgrep -f "release/$t .*-max_total_time" | head -1 || true)
+    [ -n "$pid" ] || continue
+    used=$(ps -o cputimes= -p "$pid" 2>/dev/null | tr -d ' ' || true)
+    if [ -n "$used" ] && [ "$used" -ge "$secs" ]; then kill -INT "$pid" 2>/dev/null || true; fi
+  done
+}
+
 printf '%-20s %8s %8s %12s %8s %8s %8s %8s\n' target seconds cpu_s execs exec/s cov ft findings
 for t in "${targets[@]}"; do
   d=$(dir_of "$t")
@@ -68,9 +83,12 @@ for t in "${targets[@]}"; do
   TIMEFORMAT='%U %S'
   # CPU seconds (user + system) of the fuzzer and its children. libFuzzer's clocks are wall
   # clocks: never pause a run (SIGSTOP) — its per-input timeout would fire on resume.
+  wall=$secs
+  [ "${FUZZ_CLOCK:-wall}" = cpu ] && wall=$((secs * 50))
   cpu=$( { time ( (cd "$d" && nice -n "${FUZZ_NICE:-0}" cargo +nightly fuzz run "$t" -- \
-      -max_total_time="$secs" -max_len=65536 -timeout=10 -print_final_stats=1) >"$log" 2>&1 || true ); } 2>&1 \
-      | awk '{printf "%d", $1 + $2}')
+      -max_total_time="$wall" -max_len=65536 -timeout=10 -print_final_stats=1) >"$log" 2>&1 &
+      [ "${FUZZ_CLOCK:-wall}" = cpu ] && stop_at_cpu "$t" "$secs" "$!"
+      wait || true ); } 2>&1 | awk '{printf "%d", $1 + $2}')
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
   rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || true)
