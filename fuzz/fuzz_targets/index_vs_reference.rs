@@ -45,6 +45,12 @@ fuzz_target!(|data: &[u8]| {
             chunk_size: Some(4 * H as u32),
             eagle: data.first().is_some_and(|b| b & 1 == 1),
             offload_chunk_blocks: None,
+            // Either connector's tier rule (bit 2 of the first byte).
+            offload_connector: if data.first().is_some_and(|b| b & 4 == 4) {
+                kvroute_index::tier::OffloadConnector::SimpleCpu
+            } else {
+                kvroute_index::tier::OffloadConnector::Offloading
+            },
         },
         verify_hashes: false,
         ..WorkerConfig::default()
@@ -54,7 +60,12 @@ fuzz_target!(|data: &[u8]| {
     let prompts = universe();
     let chains: Vec<Vec<u64>> = prompts.iter().map(|p| chain(p)).collect();
     for op in data.chunks(4).skip(1) {
-        let [a, b, c, d] = [op[0], *op.get(1).unwrap_or(&0), *op.get(2).unwrap_or(&0), *op.get(3).unwrap_or(&0)];
+        let [a, b, c, d] = [
+            op[0],
+            *op.get(1).unwrap_or(&0),
+            *op.get(2).unwrap_or(&0),
+            *op.get(3).unwrap_or(&0),
+        ];
         let worker = ["w0", "w1"][(a & 1) as usize];
         let rank = ((a >> 1) & 1) as u32;
         let group = ((a >> 2) & 3) as u32;
@@ -73,7 +84,11 @@ fuzz_target!(|data: &[u8]| {
             0..=8 => Event::Stored(Stored {
                 worker: worker.into(),
                 dp_rank: rank,
-                medium: if a >> 4 == 8 { Some("CPU".into()) } else { None },
+                medium: if a >> 4 == 8 {
+                    Some("CPU".into())
+                } else {
+                    None
+                },
                 group: Some(group),
                 kind: Some(CacheKind::parse(kind)),
                 sliding_window: window,

@@ -22,7 +22,7 @@ use crate::layout::{GroupSpec, Params, Plan};
 use crate::rank::{RankState, RankStats, WorkerConfig};
 use crate::rules::{self, GroupEvidence, HolderRef, Lookup, STACK_LOOKUPS};
 use crate::runs::Runs;
-use crate::tier::{self, TierGroup};
+use crate::tier_lookup;
 use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -589,62 +589,15 @@ pub(crate) fn predict_rank(
     pred.groups = j.groups;
     // The connector's EAGLE rule (one more chunk queried, then dropped) is not modeled.
     if !skip && !p.eagle && !r.offload.is_empty() {
-        if let Some((tier, medium)) = tier_part(r, plan, &p, chain, n_tokens, pred.cached) {
+        if let Some((tier, medium)) =
+            tier_lookup::tier_part(r, plan, &p, chain, n_tokens, pred.cached)
+        {
             pred.cached += tier;
             pred.tier = tier;
             pred.tier_medium = evidence.then_some(medium);
         }
     }
     pred
-}
-
-/// The longest hit an offload tier of the rank adds to the device hit `device` (and its
-/// medium), by the `OffloadingConnector`'s rule over the plan's groups.
-fn tier_part(
-    r: &RankState,
-    plan: &Plan,
-    p: &Params,
-    chain: &[u64],
-    n_tokens: usize,
-    device: u64,
-) -> Option<(u64, String)> {
-    let per_chunk = r.config.lookup.offload_chunk_blocks.unwrap_or(1);
-    let groups: Vec<TierGroup> = plan
-        .lookups
-        .iter()
-        .flat_map(|(spec, ids)| ids.iter().map(move |g| (spec, *g)))
-        .filter_map(|(spec, g)| {
-            let window = match spec.rule() {
-                Rule::ChunkedLocal => r.config.lookup.chunk_size.or(spec.window),
-                _ => spec.window,
-            };
-            TierGroup::new(
-                g,
-                spec.rule(),
-                window,
-                spec.block_size,
-                per_chunk,
-                p.hash_block,
-            )
-        })
-        .collect();
-    // The scheduler hands the connector its device hit rounded down to its block.
-    let local = device as usize - device as usize % p.align.max(1) as usize;
-    let mut best: Option<(u64, String)> = None;
-    let media: std::collections::BTreeSet<&String> = r.offload.keys().map(|(m, _)| m).collect();
-    for medium in media {
-        let holds = |g: u32, key: u64| {
-            r.offload
-                .get(&(medium.clone(), g))
-                .is_some_and(|set| set.contains(key))
-        };
-        let hit = (local + tier::offload_hit(n_tokens, local, chain, &groups, holds)) as u64;
-        let extra = hit.saturating_sub(device);
-        if extra > 0 && best.as_ref().is_none_or(|(b, _)| extra > *b) {
-            best = Some((extra, medium.clone()));
-        }
-    }
-    best
 }
 
 /// The stride (hash blocks per block) of a full-attention group kept in the shared store, when
@@ -658,7 +611,7 @@ pub(crate) fn shared_stride(spec: &GroupSpec, h: u32) -> Option<u32> {
 }
 
 /// Runs `f` on the plan's lookups with their holders resolved, on the stack when they fit.
-fn with_lookups<'a, T>(
+pub(crate) fn with_lookups<'a, T>(
     plan: &'a Plan,
     empty: &'a Multiset,
     holder: impl Fn(&'a GroupSpec, &u32) -> HolderRef<'a>,

@@ -12,6 +12,7 @@
 
 use crate::engine::Rules;
 use crate::event::{CacheKind, Rule};
+use crate::tier::OffloadConnector;
 use serde::Serialize;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -174,6 +175,10 @@ pub struct LookupConfig {
     /// `block_size` / the GPU block); 1, the connector's default, when absent.
     #[serde(default)]
     pub offload_chunk_blocks: Option<u32>,
+    /// The connector that keeps the worker's offload tiers (the `OffloadingConnector` when
+    /// absent): it decides how a tier hit is looked up.
+    #[serde(default)]
+    pub offload_connector: OffloadConnector,
 }
 
 /// The lookup parameters of one (worker, rank), derived like vLLM's coordinator does.
@@ -345,6 +350,7 @@ mod tests {
             chunk_size: None,
             eagle: false,
             offload_chunk_blocks: None,
+            offload_connector: Default::default(),
         };
         let p = l.params(&cfg).unwrap();
         assert_eq!((p.hash_block, p.align, p.fine_grained), (16, 16, true));

@@ -21,6 +21,7 @@ pub mod rules;
 pub mod runs;
 mod sparse;
 pub mod tier;
+mod tier_lookup;
 
 pub use engine::{Engine, Rules, Speculative};
 pub use hash::{BlockExtras, HashAlgo};

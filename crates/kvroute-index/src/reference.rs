@@ -17,7 +17,7 @@ use crate::hash::{self, BlockHasher};
 use crate::index::Query;
 use crate::layout::{GroupSpec, Layout, Learned, Params};
 use crate::rank::{HashMode, WorkerConfig};
-use crate::tier::{self, TierGroup};
+use crate::tier::{self, OffloadConnector, TierGroup};
 use std::collections::BTreeMap;
 
 #[derive(Default, Clone)]
@@ -236,13 +236,36 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// The device hit `device` extended by the offload tier that serves most
-    /// (`tier::offload_hit` from the device hit rounded down to the alignment).
+    /// The device hit `device` extended by the offload tier that serves most, by the worker's
+    /// connector: `tier::offload_hit` from the device hit rounded down to the alignment, or
+    /// (`SimpleCPUOffloadConnector`) the coordinator over the tier's blocks on the hashes after
+    /// the device hit.
     fn with_tier(
         &self,
         lookups: &[(GroupSpec, Vec<u32>)],
         n: usize,
         device: u64,
+        cfg: &WorkerConfig,
+    ) -> u64 {
+        let local = device - device % u64::from(self.p.align.max(1));
+        let mut best = device;
+        let media: Vec<&String> = self.rank.tiers.keys().map(|(m, _)| m).collect();
+        for medium in media {
+            let ext = match cfg.lookup.offload_connector {
+                OffloadConnector::Offloading => self.offloading_hit(lookups, n, local, medium, cfg),
+                OffloadConnector::SimpleCpu => self.simple_cpu_hit(lookups, n, local, medium, cfg),
+            };
+            best = best.max(local + ext);
+        }
+        best
+    }
+
+    fn offloading_hit(
+        &self,
+        lookups: &[(GroupSpec, Vec<u32>)],
+        n: usize,
+        local: u64,
+        medium: &str,
         cfg: &WorkerConfig,
     ) -> u64 {
         let per_chunk = cfg.lookup.offload_chunk_blocks.unwrap_or(1);
@@ -265,20 +288,68 @@ impl Ctx<'_> {
                 }
             }
         }
-        let local = device - device % u64::from(self.p.align.max(1));
-        let mut best = device;
-        let media: Vec<&String> = self.rank.tiers.keys().map(|(m, _)| m).collect();
-        for medium in media {
-            let holds = |g: u32, key: u64| {
-                self.rank
-                    .tiers
-                    .get(&(medium.clone(), g))
-                    .is_some_and(|held| held.contains(&key))
-            };
-            let ext = tier::offload_hit(n, local as usize, self.hashes, &groups, holds) as u64;
-            best = best.max(local + ext);
+        let holds = |g: u32, key: u64| {
+            self.rank
+                .tiers
+                .get(&(medium.to_string(), g))
+                .is_some_and(|held| held.contains(&key))
+        };
+        tier::offload_hit(n, local as usize, self.hashes, &groups, holds) as u64
+    }
+
+    /// The `SimpleCPUOffloadConnector`: a rank whose device blocks are the medium's, asked for
+    /// the request's tokens after `local`.
+    fn simple_cpu_hit(
+        &self,
+        lookups: &[(GroupSpec, Vec<u32>)],
+        n: usize,
+        local: u64,
+        medium: &str,
+        cfg: &WorkerConfig,
+    ) -> u64 {
+        let mut sched = 1u64;
+        for spec in self.rank.layout.groups.values() {
+            let b = u64::from(spec.block_size);
+            if b > 0 {
+                let (mut x, mut y) = (sched, b);
+                while y != 0 {
+                    (x, y) = (y, x % y);
+                }
+                sched = sched / x * b;
+            }
         }
-        best
+        let chunk = lookups
+            .iter()
+            .find(|(spec, _)| spec.rule() == Rule::ChunkedLocal)
+            .and_then(|(spec, _)| self.chunk.or(spec.window));
+        let Some((skip, m)) = tier::simple_cpu_suffix(
+            n,
+            local as usize,
+            self.p.hash_block,
+            u32::try_from(sched).unwrap_or(u32::MAX),
+            chunk,
+            cfg.engine,
+            self.hashes.len(),
+        ) else {
+            return 0;
+        };
+        let mut cpu = RefRank {
+            layout: self.rank.layout.clone(),
+            ..RefRank::default()
+        };
+        for ((med, g), held) in &self.rank.tiers {
+            if med == medium {
+                cpu.blocks.insert(*g, held.clone());
+            }
+        }
+        let ctx = Ctx {
+            rank: &cpu,
+            hashes: &self.hashes[skip..],
+            p: self.p,
+            chunk: self.chunk,
+        };
+        let max_len = (m as u64).saturating_sub(u64::from(self.p.lookahead.max(1)));
+        ctx.coordinate(lookups, max_len)
     }
 
     /// Lookups in coordinator order: identical specs merged, full-attention kinds first.

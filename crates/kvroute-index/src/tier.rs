@@ -1,10 +1,13 @@
-//! The hit an offload tier serves beyond the device hit, by the rule of vLLM's
-//! `OffloadingConnector` (the backend `--kv-offloading-size` selects).
+//! The hit an offload tier serves beyond the device hit, by the rule of the vLLM connector
+//! that keeps it ([`OffloadConnector`]).
 //!
-//! Owns: [`offload_hit`], the connector's scheduler-side lookup (`_lookup_complete_chunks` in
-//! `distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`, the same in vLLM 0.32
-//! and 0.33) as a pure function of the request's hash chain, its device hit and what the tier
-//! holds per group; [`TierGroup`], one offloaded group's chunking and lookup kind.
+//! Owns: [`offload_hit`], the `OffloadingConnector`'s scheduler-side lookup
+//! (`_lookup_complete_chunks` in `distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`,
+//! the same in vLLM 0.32 and 0.33) as a pure function of the request's hash chain, its device
+//! hit and what the tier holds per group; [`TierGroup`], one offloaded group's chunking and
+//! lookup kind; [`simple_cpu_suffix`], where the `SimpleCPUOffloadConnector`'s lookup
+//! (`v1/simple_kv_offload/manager.py`: the device coordinator's own rules over the CPU pool,
+//! on the hashes after the device hit) starts and what it may serve.
 //! Invariants: the hit starts at the block-aligned device hit; its end is a chunk boundary of
 //! every group, or `n − 1` when a window or Mamba group exists; it adds at least one whole chunk
 //! of every group or is 0; every group agrees on the end (a group can only lower it, and the
@@ -14,7 +17,96 @@
 //! groups, or the partial tail some Mamba models extend a hit with (a hash block smaller than
 //! the Mamba block): a router cannot see the first and the presets kvroute knows have neither.
 
+use crate::engine::Engine;
 use crate::event::Rule;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// The vLLM connector that keeps a worker's offload tiers, which decides how a tier is looked
+/// up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OffloadConnector {
+    /// `OffloadingConnector` (`--kv-offloading-size` with its default backend): whole chunks
+    /// per group from the device hit ([`offload_hit`]).
+    #[default]
+    Offloading,
+    /// `SimpleCPUOffloadConnector` (`VLLM_USE_SIMPLE_KV_OFFLOAD=1`, or named in
+    /// `--kv-transfer-config`): the device coordinator's rules over the tier's blocks, from the
+    /// device hit, at most `n − 1` ([`simple_cpu_suffix`]).
+    SimpleCpu,
+}
+
+impl OffloadConnector {
+    /// Every connector, by its configuration spelling.
+    pub const ALL: [(&'static str, OffloadConnector); 2] = [
+        ("offloading", OffloadConnector::Offloading),
+        ("simple-cpu", OffloadConnector::SimpleCpu),
+    ];
+}
+
+impl fmt::Display for OffloadConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = OffloadConnector::ALL
+            .iter()
+            .find(|(_, c)| c == self)
+            .map_or("offloading", |(n, _)| n);
+        f.write_str(name)
+    }
+}
+
+/// An offload connector name that is not one of [`OffloadConnector::ALL`].
+#[derive(Debug, thiserror::Error)]
+#[error("unknown offload connector {0:?} (expected \"offloading\" or \"simple-cpu\")")]
+pub struct UnknownConnector(pub String);
+
+impl FromStr for OffloadConnector {
+    type Err = UnknownConnector;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        OffloadConnector::ALL
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, c)| *c)
+            .ok_or_else(|| UnknownConnector(s.to_string()))
+    }
+}
+
+/// What a `SimpleCPUOffloadConnector` looks up for a request of `n` tokens (a chain of
+/// `chain_len` hashes of `hash_block` tokens) whose device hit is `local`: `Some((skip, m))`
+/// when it looks at all — the chain from hash `skip` on, as a request of `m = n − local`
+/// tokens, with the device's own rules (their bound `m − 1` is the connector's
+/// `n − 1 − local`); the engine then reports `local` plus that hit. `None` when the connector
+/// serves nothing: a device hit off the scheduler block `sched_block` (its copies are whole
+/// blocks), on vLLM 0.33 a device hit off a chunked local group's `chunk` (the suffix's chunk
+/// boundaries must be the request's), no hash left, or no token left to load.
+pub fn simple_cpu_suffix(
+    n: usize,
+    local: usize,
+    hash_block: u32,
+    sched_block: u32,
+    chunk: Option<u32>,
+    engine: Engine,
+    chain_len: usize,
+) -> Option<(usize, usize)> {
+    let (h, b) = (hash_block.max(1) as usize, sched_block.max(1) as usize);
+    if !local.is_multiple_of(b) {
+        return None;
+    }
+    if engine == Engine::Vllm033 {
+        if let Some(c) = chunk.filter(|c| *c > 0) {
+            if !local.is_multiple_of(c as usize) {
+                return None;
+            }
+        }
+    }
+    let skip = local / h;
+    if skip >= chain_len || n <= local + 1 {
+        return None;
+    }
+    Some((skip, n - local))
+}
 
 /// How an offloaded group is looked up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -320,5 +412,58 @@ mod tests {
     fn an_empty_tier_serves_nothing() {
         assert_eq!(offload_hit(200, 0, &chain(12), &[full(0)], |_, _| false), 0);
         assert_eq!(offload_hit(200, 0, &chain(12), &[], |_, _| true), 0);
+    }
+
+    #[test]
+    fn a_simple_cpu_lookup_starts_at_the_device_hit_and_is_bounded_by_the_last_token() {
+        // 100 tokens, 6 hashes of 16: the suffix after 32 tokens is 68 tokens from hash 2.
+        assert_eq!(
+            simple_cpu_suffix(100, 32, 16, 16, None, Engine::Vllm032, 6),
+            Some((2, 68))
+        );
+        // Nothing is left to hash, or to load.
+        assert_eq!(
+            simple_cpu_suffix(100, 96, 16, 16, None, Engine::Vllm032, 6),
+            None
+        );
+        assert_eq!(
+            simple_cpu_suffix(33, 32, 16, 16, None, Engine::Vllm032, 2),
+            None
+        );
+    }
+
+    #[test]
+    fn a_simple_cpu_lookup_needs_a_hit_on_the_scheduler_block_and_on_0_33_on_the_chunk() {
+        // A fine-grained device hit of 48 tokens is off a 64-token scheduler block.
+        assert_eq!(
+            simple_cpu_suffix(300, 48, 16, 64, None, Engine::Vllm032, 18),
+            None
+        );
+        assert_eq!(
+            simple_cpu_suffix(300, 64, 16, 64, None, Engine::Vllm032, 18),
+            Some((4, 236))
+        );
+        // A chunked local group of 128: 0.32 looks up from 64 anyway, 0.33 does not.
+        assert_eq!(
+            simple_cpu_suffix(300, 64, 16, 64, Some(128), Engine::Vllm032, 18),
+            Some((4, 236))
+        );
+        assert_eq!(
+            simple_cpu_suffix(300, 64, 16, 64, Some(128), Engine::Vllm033, 18),
+            None
+        );
+        assert_eq!(
+            simple_cpu_suffix(300, 128, 16, 64, Some(128), Engine::Vllm033, 18),
+            Some((8, 172))
+        );
+    }
+
+    #[test]
+    fn connectors_parse_from_their_configuration_spelling() {
+        for (name, c) in OffloadConnector::ALL {
+            assert_eq!(name.parse::<OffloadConnector>().ok(), Some(c));
+            assert_eq!(c.to_string(), name);
+        }
+        assert!("lmcache".parse::<OffloadConnector>().is_err());
     }
 }

@@ -7,6 +7,7 @@ mod common;
 use common::lookahead_chain;
 use kvroute_index::event::{CacheKind, Cleared, EngineHash, Event, Removed, Stored};
 use kvroute_index::reference::Reference;
+use kvroute_index::tier::OffloadConnector;
 use kvroute_index::{Detail, Engine, Index, LookupConfig, Query, WorkerConfig};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -119,6 +120,8 @@ struct Tally {
     blind_wrong: usize,
     /// Predictions above 0 on workers with lookahead hashes.
     lookahead_hits: usize,
+    /// Final predictions an offload tier added to.
+    tier_hits: usize,
 }
 
 impl Tally {
@@ -142,6 +145,17 @@ impl Tally {
 /// `engines[w]`: worker `w`'s engine and lookahead count; its stores hold the prompts' chains
 /// hashed as that engine hashes them.
 fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -> Tally {
+    run_case_with(seed, steps, eagle, engines, OffloadConnector::Offloading)
+}
+
+/// `run_case` with the offload tiers kept by `connector`.
+fn run_case_with(
+    seed: u64,
+    steps: usize,
+    eagle: bool,
+    engines: [(Engine, u32); 3],
+    connector: OffloadConnector,
+) -> Tally {
     let mut tally = Tally::default();
     let mut rng = StdRng::seed_from_u64(seed);
     let config = WorkerConfig {
@@ -150,6 +164,7 @@ fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -
             chunk_size: Some(4 * H),
             eagle,
             offload_chunk_blocks: None,
+            offload_connector: connector,
         },
         verify_hashes: false,
         ..WorkerConfig::default()
@@ -399,6 +414,7 @@ fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -
                 got.dp_rank
             );
             tally.count(want, &got.worker, &workers, lookahead_of);
+            tally.tier_hits += usize::from(got.tier > 0);
         }
     }
     tally
@@ -482,5 +498,33 @@ fn a_long_vllm_0_33_stream_keeps_the_fast_index_and_the_reference_equal() {
             t.lookahead_hits,
             t.compared
         );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    #[test]
+    fn with_a_simple_cpu_tier_the_fast_index_agrees_with_the_reference_on_random_event_streams(
+        seed in any::<u64>(),
+        v033 in any::<bool>(),
+    ) {
+        let engines = if v033 { V033 } else { V032 };
+        let _ = run_case_with(seed, 300, false, engines, OffloadConnector::SimpleCpu);
+    }
+}
+
+#[test]
+fn a_long_simple_cpu_stream_keeps_the_fast_index_and_the_reference_equal_and_hits_the_tier() {
+    for (engines, eagle) in [(V032, false), (V033, false)] {
+        let t = run_case_with(0x51c9, 5_000, eagle, engines, OffloadConnector::SimpleCpu);
+        assert!(t.compared > 1_000, "{}", t.compared);
+        assert!(
+            t.hits * 20 > t.compared,
+            "only {} of {} hit",
+            t.hits,
+            t.compared
+        );
+        assert!(t.tier_hits > 0, "no prediction was served from the tier");
     }
 }

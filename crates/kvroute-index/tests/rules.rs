@@ -156,6 +156,7 @@ fn chunked_local_attention_skips_blocks_before_the_current_chunk() {
                 chunk_size: Some(64),
                 eagle: false,
                 offload_chunk_blocks: None,
+                offload_connector: Default::default(),
             },
             ..Default::default()
         },
@@ -272,6 +273,91 @@ fn a_cpu_tier_extends_the_device_hit_from_its_first_chunk_to_its_first_gap() {
     assert_eq!(predict(&idx, "w", &t), 48);
 }
 
+fn simple_cpu_worker(idx: &Index, worker: &str) {
+    let cfg = kvroute_index::WorkerConfig {
+        lookup: kvroute_index::LookupConfig {
+            offload_connector: kvroute_index::tier::OffloadConnector::SimpleCpu,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    idx.configure_worker(&worker.into(), cfg);
+}
+
+fn on_cpu(
+    group: u32,
+    kind: &str,
+    window: Option<u32>,
+    hashes: &[u64],
+) -> kvroute_index::event::Event {
+    let mut ev = store("w", group, kind, window, 16, hashes);
+    if let kvroute_index::event::Event::Stored(s) = &mut ev {
+        s.medium = Some("CPU".into());
+    }
+    ev
+}
+
+#[test]
+fn a_simple_cpu_tier_keeps_the_last_token_rule_and_never_serves_a_whole_prompt() {
+    let idx = Index::new();
+    simple_cpu_worker(&idx, "w");
+    let t = tokens(12, 96);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c[..2]));
+    idx.apply(&on_cpu(0, "full_attention", None, &c));
+    // The connector looks up at most n − 1 − 32 = 63 tokens: three blocks, not four (the
+    // `OffloadingConnector` would serve all 96).
+    let p = idx.predict(
+        &"w".into(),
+        0,
+        &Query {
+            tokens: t.clone(),
+            ..Query::default()
+        },
+    );
+    assert_eq!((p.cached, p.tier), (80, 48));
+    // One token more, and the last block is served too.
+    let mut longer = t.clone();
+    longer.push(7);
+    assert_eq!(predict(&idx, "w", &longer), 96);
+}
+
+#[test]
+fn a_simple_cpu_tier_applies_the_window_rule_to_the_blocks_after_the_device_hit() {
+    // Full attention + a 32-token window at block 16: a window hit needs ⌈31/16⌉ = 2 blocks.
+    let idx = Index::new();
+    simple_cpu_worker(&idx, "w");
+    let t = tokens(13, 161);
+    let c = chain(&t, 16);
+    idx.apply(&store("w", 0, "full_attention", None, 16, &c[..2]));
+    idx.apply(&store(
+        "w",
+        1,
+        "sliding_window",
+        Some(32),
+        16,
+        &group_blocks(&c, 1, 0..2),
+    ));
+    // The tier holds every full-attention block, and window blocks 5 and 7..9 only.
+    idx.apply(&on_cpu(0, "full_attention", None, &c));
+    idx.apply(&on_cpu(
+        1,
+        "sliding_window",
+        Some(32),
+        &group_blocks(&c, 1, [5, 7, 8, 9]),
+    ));
+    // From the device hit (32) the window's rightmost two-block run ends at block 9: 160.
+    assert_eq!(predict(&idx, "w", &t), 160);
+    // Without block 8, no two-block run is left on the tier, and none reaches back to the
+    // device hit (blocks 2 to 4 are missing): the tier serves nothing.
+    let mut rm = remove("w", 1, &group_blocks(&c, 1, [8]));
+    if let kvroute_index::event::Event::Removed(r) = &mut rm {
+        r.medium = Some("CPU".into());
+    }
+    idx.apply(&rm);
+    assert_eq!(predict(&idx, "w", &t), 32);
+}
+
 #[test]
 fn a_kind_change_clears_the_rank_and_is_counted() {
     let idx = Index::new();
@@ -296,6 +382,7 @@ fn eagle_worker(idx: &Index, worker: &str) {
                 chunk_size: None,
                 eagle: true,
                 offload_chunk_blocks: None,
+                offload_connector: Default::default(),
             },
             ..Default::default()
         },

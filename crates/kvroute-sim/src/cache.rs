@@ -156,13 +156,24 @@ impl KvCache {
 
     /// The engine's hit for a request of `hashes` with at most `max_len` tokens reused.
     pub fn find_longest_cache_hit(&self, hashes: &[u64], max_len: usize) -> Hit {
+        self.find_longest_cache_hit_in(&self.pool, hashes, max_len)
+    }
+
+    /// The coordinator's hit over another pool of this layout's blocks (a connector's CPU pool
+    /// is looked up with the device's rules).
+    pub fn find_longest_cache_hit_in(
+        &self,
+        pool: &BlockPool,
+        hashes: &[u64],
+        max_len: usize,
+    ) -> Hit {
         let a = self.params.align as usize;
         let h = self.params.hash_block;
         let n_groups = self.groups.len();
         let eagle = self.cfg.eagle_drop;
         if self.params.unitary {
             let (spec, ids) = &self.lookups[0];
-            let (blocks, len) = groups::find(&self.pool, hashes, h, spec, ids, max_len, a, eagle);
+            let (blocks, len) = groups::find(pool, hashes, h, spec, ids, max_len, a, eagle);
             return finish(n_groups, vec![(ids.clone(), blocks)], len, 0);
         }
         let mut hit = max_len;
@@ -188,7 +199,7 @@ impl KvCache {
                     // drops, so it gets no margin).
                     max = (curr + spec.block_size as usize).min(hashes.len() * h as usize);
                 }
-                let (blocks, len) = groups::find(&self.pool, hashes, h, spec, ids, max, a, drop);
+                let (blocks, len) = groups::find(pool, hashes, h, spec, ids, max, a, drop);
                 if drop {
                     verified[li] = true;
                 } else if len < curr {

@@ -17,11 +17,13 @@
 use crate::cache::{CacheConfig, KvCache, ReqCtx};
 use crate::error::SimError;
 use crate::groups;
-use crate::offload::CpuTier;
-use crate::pool::ReqView;
+use crate::offload::{CpuTier, Tier};
+use crate::pool::{BlockId, ReqView};
+use crate::simple_offload::SimpleCpuTier;
 use crate::spec::{CacheParams, ModelSpec};
 use crate::timing::TimeModel;
 use kvroute_index::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
+use kvroute_index::tier::OffloadConnector;
 use kvroute_index::{Event, Rules, Speculative, WorkerId};
 use std::collections::{HashMap, VecDeque};
 
@@ -49,9 +51,11 @@ pub struct EngineConfig {
     /// `--speculative-config` (its prefix-caching fields); `None` without speculation. No
     /// draft token is ever accepted: a step decodes one token per request.
     pub speculative: Option<Speculative>,
-    /// Slots of a CPU tier (`OffloadingConnector`, one GPU block a chunk; one slot per chunk
-    /// and group); 0: none.
+    /// Slots of a CPU tier (`OffloadingConnector`: one GPU block a chunk, one slot per chunk
+    /// and group; `SimpleCPUOffloadConnector`: CPU blocks); 0: none.
     pub cpu_tier_slots: usize,
+    /// The connector keeping the CPU tier.
+    pub cpu_tier_connector: OffloadConnector,
 }
 
 impl EngineConfig {
@@ -73,6 +77,7 @@ impl EngineConfig {
             engine: kvroute_index::Engine::Vllm032,
             speculative: None,
             cpu_tier_slots: 0,
+            cpu_tier_connector: OffloadConnector::Offloading,
             spec,
         })
     }
@@ -228,7 +233,7 @@ pub struct Engine {
     pub params: CacheParams,
     pub kv: KvCache,
     /// The CPU tier, when configured.
-    pub cpu: Option<CpuTier>,
+    pub cpu: Option<Tier>,
     hasher: BlockHasher,
     /// Lookahead tokens each block hash covers (`L`).
     lookahead: usize,
@@ -271,6 +276,15 @@ impl Engine {
                 "a CPU tier with EAGLE-style speculation's block drop is not simulated".into(),
             ));
         }
+        if cfg.cpu_tier_slots > 0
+            && cfg.cpu_tier_connector == OffloadConnector::SimpleCpu
+            && !cfg.spec.groups.iter().any(|g| g.kind.is_full())
+        {
+            // vLLM's SimpleCPU scheduler asserts a full-attention group.
+            return Err(SimError::Config(
+                "the SimpleCPUOffloadConnector needs a full-attention group".into(),
+            ));
+        }
         let kv = KvCache::new(
             cfg.spec.clone(),
             params,
@@ -285,14 +299,21 @@ impl Engine {
             cfg.worker.clone(),
             cfg.dp_rank,
         );
-        let cpu = (cfg.cpu_tier_slots > 0).then(|| {
-            CpuTier::new(
+        let cpu = (cfg.cpu_tier_slots > 0).then(|| match cfg.cpu_tier_connector {
+            OffloadConnector::Offloading => Tier::Offloading(CpuTier::new(
                 cfg.cpu_tier_slots,
                 &cfg.spec,
                 params.hash_block,
                 cfg.worker.clone(),
                 cfg.dp_rank,
-            )
+            )),
+            OffloadConnector::SimpleCpu => Tier::SimpleCpu(SimpleCpuTier::new(
+                u32::try_from(cfg.cpu_tier_slots).unwrap_or(u32::MAX),
+                &kv,
+                cfg.engine,
+                cfg.worker.clone(),
+                cfg.dp_rank,
+            )),
         });
         Ok(Engine {
             cpu,
@@ -442,7 +463,8 @@ impl Engine {
     pub fn take_events(&mut self) -> Vec<Event> {
         let mut events = self.kv.take_events();
         if let Some(cpu) = &mut self.cpu {
-            events.extend(cpu.take_events());
+            let tier = cpu.take_events(&events);
+            events.extend(tier);
         }
         events
     }
@@ -483,15 +505,16 @@ impl Engine {
         true
     }
 
-    /// (`num_cached_tokens`, tokens computed once loaded) when the CPU tier serves more of `r`
-    /// than the device's `hit`: the connector's hit from the block-aligned device hit; a whole
-    /// prompt served still computes its last token.
-    fn tier_load(&self, r: &Req, hit: usize) -> Option<(usize, usize)> {
+    /// (`num_cached_tokens`, tokens computed once loaded, the CPU blocks read) when the CPU
+    /// tier serves more of `r` than the device's `hit`: the connector's hit from the
+    /// block-aligned device hit; a whole prompt served still computes its last token.
+    fn tier_load(&self, r: &Req, hit: usize) -> Option<(usize, usize, Vec<BlockId>)> {
         let cpu = self.cpu.as_ref().filter(|_| !r.skip)?;
         let n = r.tokens.len();
         let local = hit - hit % self.params.align.max(1) as usize;
-        let total = local + cpu.hit(n, local, &r.hashes);
-        (total > hit).then(|| (total, total.min(n - 1)))
+        let (tier, blocks) = cpu.hit(&self.kv, n, local, &r.hashes);
+        let total = local + tier;
+        (total > hit).then(|| (total, total.min(n - 1), blocks))
     }
 
     /// The largest hit a request of `n` tokens may get: `n − 1` (the last token is always
@@ -658,7 +681,7 @@ impl Engine {
                     event_pos: self.kv.pending_events(),
                     num_tokens: r.tokens.len(),
                     hit: hit.tokens,
-                    tier: tiered.map_or(0, |(total, _)| total - hit.tokens),
+                    tier: tiered.as_ref().map_or(0, |(total, ..)| total - hit.tokens),
                 });
                 let junction = hit.junction();
                 if let Some(r) = self.reqs.get_mut(&handle) {
@@ -679,12 +702,15 @@ impl Engine {
                         continue;
                     }
                 }
-                if let Some((total, computed)) = tiered {
+                if let Some((total, computed, blocks)) = tiered {
                     // The CPU tier serves more than the device: load it, then compute the rest.
                     let loaded = total - hit.tokens;
                     let load_s = loaded as f64 * self.cfg.time.cpu_load_token_s;
                     if !self.admit_loading(handle, &hit, computed - hit.tokens, load_s, total) {
                         break;
+                    }
+                    if let Some(cpu) = &mut self.cpu {
+                        cpu.loaded(&blocks);
                     }
                     self.stats.tier_hits += loaded as u64;
                     if let Some(r) = self.reqs.get_mut(&handle) {

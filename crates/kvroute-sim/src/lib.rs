@@ -7,7 +7,8 @@
 //! and a step time model (`engine`, `timing`); the layouts and presets (`spec`); the ZMQ event
 //! publisher (`wire`, `publisher`); the OpenAI-compatible HTTP server with metrics and fault
 //! hooks (`http`, `worker`); disaggregated prefill and decode over NixlConnector's protocol
-//! (`disagg`); and the in-process fleet API (`fleet`). docs/sim.md is the
+//! (`disagg`); a CPU tier as either offload connector keeps one (`offload`, `simple_offload`);
+//! and the in-process fleet API (`fleet`). docs/sim.md is the
 //! reference.
 //! Invariants: the simulator's reported hit is the engine's hit computed by vLLM's rules over
 //! the simulator's own pool, and every cache change is published as vLLM would publish it.
@@ -24,6 +25,7 @@ pub(crate) mod metrics;
 pub mod offload;
 pub mod pool;
 pub mod publisher;
+pub mod simple_offload;
 pub mod spec;
 pub mod timing;
 pub mod tokens;

@@ -1,5 +1,6 @@
-//! The simulated engine's CPU tier, as vLLM's `OffloadingConnector` keeps one (the backend
-//! `--kv-offloading-size` selects; one chunk = one GPU block, its default).
+//! The simulated engine's CPU tier ([`Tier`]: by the connector that keeps it), and the tier
+//! vLLM's `OffloadingConnector` keeps (the backend `--kv-offloading-size` selects; one chunk =
+//! one GPU block, its default); `simple_offload` has the `SimpleCPUOffloadConnector`'s.
 //!
 //! Owns: the tier's slots (one per (chunk key, group)), their LRU order, what a request offers
 //! to store as its prefill computes it, the tier's hit for a request (the connector's rule,
@@ -14,6 +15,9 @@
 //! Must not: publish anything on a reset (the connector does not), or know about requests
 //! beyond the hashes and lengths it is handed.
 
+use crate::cache::KvCache;
+use crate::pool::BlockId;
+use crate::simple_offload::SimpleCpuTier;
 use crate::spec::{GroupKind, ModelSpec};
 use kvroute_index::tier::{offload_hit, TierGroup};
 use kvroute_index::{EngineHash, Event, Removed, Rule, Stored, WorkerId};
@@ -181,6 +185,69 @@ impl CpuTier {
 
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
+    }
+}
+
+/// The engine's CPU tier, by the connector that keeps it.
+pub enum Tier {
+    /// `OffloadingConnector`: chunk slots of its own ([`CpuTier`]).
+    Offloading(CpuTier),
+    /// `SimpleCPUOffloadConnector`: a CPU pool of the device's layout.
+    SimpleCpu(SimpleCpuTier),
+}
+
+impl Tier {
+    /// The tokens beyond the device hit `local` the tier serves a request of `n` tokens, and
+    /// (the `SimpleCPUOffloadConnector`'s) the CPU blocks its load reads.
+    pub fn hit(
+        &self,
+        kv: &KvCache,
+        n: usize,
+        local: usize,
+        hashes: &[u64],
+    ) -> (usize, Vec<BlockId>) {
+        match self {
+            Tier::Offloading(t) => (t.hit(n, local, hashes), Vec::new()),
+            Tier::SimpleCpu(t) => t.hit(kv, n, local, hashes),
+        }
+    }
+
+    /// A hit's load read `blocks`.
+    pub fn loaded(&mut self, blocks: &[BlockId]) {
+        if let Tier::SimpleCpu(t) = self {
+            t.loaded(blocks);
+        }
+    }
+
+    /// A request's prefill went from `from` to `to` computed tokens (the
+    /// `OffloadingConnector` stores its chunks; the other copies the device's stores).
+    pub fn offer(&mut self, hashes: &[u64], prompt_len: usize, from: usize, to: usize) {
+        if let Tier::Offloading(t) = self {
+            t.offer(hashes, prompt_len, from, to);
+        }
+    }
+
+    /// The tier's events after the device's `device` events of the same batch.
+    pub fn take_events(&mut self, device: &[Event]) -> Vec<Event> {
+        match self {
+            Tier::Offloading(t) => t.take_events(),
+            Tier::SimpleCpu(t) => {
+                t.copy_stores(device);
+                t.take_events()
+            }
+        }
+    }
+
+    /// Keys the tier holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Tier::Offloading(t) => t.len(),
+            Tier::SimpleCpu(t) => t.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

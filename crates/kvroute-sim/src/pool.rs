@@ -101,6 +101,8 @@ pub struct BlockPool {
     hash_block: u32,
     worker: WorkerId,
     dp_rank: u32,
+    /// The medium the pool's events name (`GPU` for the device's).
+    medium: &'static str,
 }
 
 impl BlockPool {
@@ -116,6 +118,7 @@ impl BlockPool {
             hash_block,
             worker,
             dp_rank,
+            medium: "GPU",
         };
         let s = n as u32;
         pool.links[n] = (s, s);
@@ -126,6 +129,29 @@ impl BlockPool {
         pool.unlink(NULL);
         pool.blocks[0].ref_cnt = 1;
         pool
+    }
+
+    /// The same pool naming `medium` in its events (a connector's CPU pool).
+    pub fn with_medium(mut self, medium: &'static str) -> BlockPool {
+        self.medium = medium;
+        self
+    }
+
+    /// A connector's copy of a block cached elsewhere: a free block is taken (its old keys
+    /// evicted, one removal each), cached under `key`, and freed at once to the back of the
+    /// queue (cached and evictable, the most recent). False, changing nothing, when `key` is
+    /// held already or no block is free.
+    pub fn store_copy(&mut self, key: Key) -> bool {
+        if self.cached.contains_key(&key) {
+            return false;
+        }
+        let Some(ids) = self.get_new_blocks(1) else {
+            return false;
+        };
+        // The prefix length is not known to a copy (and no lookup reads it).
+        self.insert_key(key, ids[0], 0);
+        self.free_blocks(ids);
+        true
     }
 
     fn sentinel(&self) -> u32 {
@@ -262,7 +288,7 @@ impl BlockPool {
             self.events.push(Event::Removed(Removed {
                 worker: self.worker.clone(),
                 dp_rank: self.dp_rank,
-                medium: Some("GPU".into()),
+                medium: Some(self.medium.into()),
                 group: Some(*g),
                 hashes: vec![EngineHash::int(*h)],
             }));
@@ -369,7 +395,7 @@ impl BlockPool {
         self.events.push(Event::Stored(Stored {
             worker: self.worker.clone(),
             dp_rank: self.dp_rank,
-            medium: Some("GPU".into()),
+            medium: Some(self.medium.into()),
             group: Some(r.group),
             kind: None,
             sliding_window: None,
@@ -429,7 +455,7 @@ impl BlockPool {
             self.events.push(Event::Stored(Stored {
                 worker: self.worker.clone(),
                 dp_rank: self.dp_rank,
-                medium: Some("GPU".into()),
+                medium: Some(self.medium.into()),
                 group: Some(group),
                 kind: None,
                 sliding_window: None,

@@ -140,6 +140,7 @@ pub fn worker_config(meta: &Meta) -> Result<WorkerConfig> {
             chunk_size: chunk,
             eagle: speculative.is_some(),
             offload_chunk_blocks: None,
+            offload_connector: Default::default(),
         },
         verify_hashes: true,
         engine,

@@ -46,6 +46,7 @@ pub fn explain(
             chunk_size: s.chunk_size,
             eagle: s.eagle,
             offload_chunk_blocks: None,
+            offload_connector: Default::default(),
         },
         verify_hashes: true,
         ..WorkerConfig::default()

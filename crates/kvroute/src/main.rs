@@ -275,6 +275,7 @@ fn parse_worker(s: &str) -> Result<WorkerSpec> {
             "hash_block_size" => w.hash_block_size = Some(v.parse()?),
             "chunk_size" => w.chunk_size = Some(v.parse()?),
             "offload_chunk_blocks" => w.offload_chunk_blocks = Some(v.parse()?),
+            "offload_connector" => w.offload_connector = v.parse()?,
             "content_keys" => w.content_keys = v.parse()?,
             "speculative" | "eagle" => w.speculative = v.parse()?,
             "model_dir" => w.model_dir = Some(v.into()),

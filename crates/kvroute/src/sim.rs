@@ -99,6 +99,12 @@ pub struct SimWorkerArgs {
     /// more than the device. 0: none.
     #[arg(long, default_value_t = 0)]
     kv_offloading_slots: usize,
+    /// The connector keeping the CPU tier: `offloading` (vLLM's `OffloadingConnector`, the
+    /// default) or `simple-cpu` (its `SimpleCPUOffloadConnector`, `VLLM_USE_SIMPLE_KV_OFFLOAD=1`:
+    /// a slot is a CPU block, every block the device caches is copied there, and it is looked up
+    /// with the device's own rules from the device hit).
+    #[arg(long, default_value = "offloading")]
+    kv_offloading_connector: kvroute_index::tier::OffloadConnector,
 }
 
 fn parse_engine(s: &str) -> Result<kvroute_index::Engine, String> {
@@ -138,6 +144,7 @@ fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
     e.engine = a.engine_version;
     e.speculative = a.speculative_config.clone();
     e.cpu_tier_slots = a.kv_offloading_slots;
+    e.cpu_tier_connector = a.kv_offloading_connector;
     e.spec.params()?;
     cfg.lora_modules = a.lora_modules.clone();
     cfg.kv_transfer = a.kv_transfer_config.clone();

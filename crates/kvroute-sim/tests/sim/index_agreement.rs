@@ -15,6 +15,7 @@
 //! lookup.
 
 use kvroute_index::hash::{BlockExtras, HashAlgo, DEFAULT_SEED};
+use kvroute_index::tier::OffloadConnector;
 use kvroute_index::WorkerConfig;
 use kvroute_index::{Engine as Generation, HashMode, Index, LookupConfig, Query, Speculative};
 use kvroute_sim::{Engine, EngineConfig, GroupKind, Lora, NewRequest, PRESETS};
@@ -38,8 +39,8 @@ fn fresh(rng: &mut StdRng, n: usize, vocab: u32) -> Vec<u32> {
 struct Mode {
     engine: Generation,
     speculative: Option<Speculative>,
-    /// A CPU tier (the `OffloadingConnector`) beside the device pool.
-    cpu_tier: bool,
+    /// A CPU tier beside the device pool, kept by this connector.
+    cpu_tier: Option<OffloadConnector>,
 }
 
 fn spec(method: &str, k: u32, layers: Option<u32>, no_lookahead: bool) -> Option<Speculative> {
@@ -58,22 +59,24 @@ fn modes() -> Vec<Mode> {
     let m = |engine, speculative| Mode {
         engine,
         speculative,
-        cpu_tier: false,
+        cpu_tier: None,
     };
-    let tiered = |engine| Mode {
+    let tiered = |engine, connector| Mode {
         engine,
         speculative: None,
-        cpu_tier: true,
+        cpu_tier: Some(connector),
     };
     vec![
         m(Generation::Vllm032, None),
-        tiered(Generation::Vllm032),
-        tiered(Generation::Vllm033),
+        tiered(Generation::Vllm032, OffloadConnector::Offloading),
+        tiered(Generation::Vllm033, OffloadConnector::Offloading),
         m(Generation::Vllm032, spec("eagle", 3, None, false)),
         m(Generation::Vllm033, None),
         m(Generation::Vllm033, spec("eagle3", 3, None, false)),
         m(Generation::Vllm033, spec("mtp", 3, Some(3), false)),
         m(Generation::Vllm033, spec("eagle", 2, None, true)),
+        tiered(Generation::Vllm032, OffloadConnector::SimpleCpu),
+        tiered(Generation::Vllm033, OffloadConnector::SimpleCpu),
     ]
 }
 
@@ -140,10 +143,11 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<(usize, usize)> {
         per_req + 1 + rng.gen_range(0..per_req)
     } as u32;
     cfg.retention = if rng.gen_bool(0.8) { Some(0) } else { None };
-    if mode.cpu_tier {
-        // Room for a few requests' chunks: the device evicts, the tier keeps more (and evicts
-        // too).
+    if let Some(connector) = mode.cpu_tier {
+        // Room for a few requests' chunks (or blocks): the device evicts, the tier keeps more
+        // (and evicts too).
         cfg.cpu_tier_slots = per_req * 4;
+        cfg.cpu_tier_connector = connector;
     }
     cfg.worker = "w".into();
     let chunk = cfg.spec.groups.iter().find_map(|g| match g.kind {
@@ -168,17 +172,21 @@ fn run_mode(preset: &str, seed: u64, mode: &Mode) -> Option<(usize, usize)> {
             chunk_size: chunk,
             eagle,
             offload_chunk_blocks: None,
+            offload_connector: mode.cpu_tier.unwrap_or_default(),
         },
         verify_hashes: true,
         engine: mode.engine,
         hash_lookahead_tokens: lookahead,
     });
     let chunked = chunk.is_some();
+    let cfg_full = cfg.spec.groups.iter().any(|g| g.kind.is_full());
     let mut engine = match Engine::new(cfg) {
         Ok(e) => e,
         Err(e) => {
+            let no_full = !cfg_full;
             assert!(
-                rules.eagle_drop && chunked,
+                (rules.eagle_drop && chunked)
+                    || (mode.cpu_tier == Some(OffloadConnector::SimpleCpu) && no_full),
                 "{preset} {mode:?}: refused: {e}"
             );
             return None;
@@ -409,7 +417,7 @@ proptest! {
 #[test]
 fn a_cpu_tier_serves_lookups_the_device_evicted_and_the_index_predicts_each_exactly() {
     let mode = modes().remove(1);
-    assert!(mode.cpu_tier);
+    assert_eq!(mode.cpu_tier, Some(OffloadConnector::Offloading));
     let mut served = 0;
     for preset in PRESETS {
         for seed in [1, 2, 3] {
@@ -425,6 +433,33 @@ proptest! {
     #[test]
     fn random_workloads_with_a_cpu_tier_agree_on_every_preset(seed in any::<u64>()) {
         for mode in &modes()[1..3] {
+            for preset in PRESETS {
+                run_mode(preset, seed, mode);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_simple_cpu_tier_serves_lookups_by_the_device_rules_and_the_index_predicts_each_exactly() {
+    let mut served = 0;
+    for mode in &modes()[8..10] {
+        assert_eq!(mode.cpu_tier, Some(OffloadConnector::SimpleCpu));
+        for preset in PRESETS {
+            for seed in [1, 2, 3] {
+                served += run_mode(preset, seed, mode).map_or(0, |(_, t)| t);
+            }
+        }
+    }
+    assert!(served > 0, "the tier never served a lookup");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_workloads_with_a_simple_cpu_tier_agree_on_every_preset(seed in any::<u64>()) {
+        for mode in &modes()[8..10] {
             for preset in PRESETS {
                 run_mode(preset, seed, mode);
             }

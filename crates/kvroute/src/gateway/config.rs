@@ -13,6 +13,7 @@
 use super::discovery::DiscoveryConfig;
 use super::policy::PolicyKind;
 use super::tenants::{self, TenantSpec};
+use kvroute_index::tier::OffloadConnector;
 use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -101,6 +102,10 @@ pub struct WorkerSpec {
     /// its `block_size` over the GPU block); 1, the connector's default, when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload_chunk_blocks: Option<u32>,
+    /// The connector keeping the engine's offload tiers: `offloading` (the
+    /// `OffloadingConnector`, the default) or `simple-cpu` (the `SimpleCPUOffloadConnector`).
+    #[serde(default, skip_serializing_if = "is_default_connector")]
+    pub offload_connector: OffloadConnector,
     /// Key blocks by the router's own content keys (SGLang; xxhash engines).
     #[serde(default)]
     pub content_keys: bool,
@@ -228,6 +233,10 @@ const MAX_LOOKAHEAD: u32 = 4096;
 fn one() -> u32 {
     1
 }
+fn is_default_connector(c: &OffloadConnector) -> bool {
+    *c == OffloadConnector::default()
+}
+
 fn default_algo() -> String {
     "sha256".into()
 }
@@ -245,6 +254,7 @@ impl WorkerSpec {
             hash_block_size: None,
             chunk_size: None,
             offload_chunk_blocks: None,
+            offload_connector: Default::default(),
             content_keys: false,
             engine: None,
             speculative: SpeculativeSpec::default(),
@@ -292,6 +302,7 @@ impl WorkerSpec {
                 chunk_size: self.chunk_size,
                 eagle: self.speculative.drops(engine),
                 offload_chunk_blocks: self.offload_chunk_blocks,
+                offload_connector: self.offload_connector,
             },
             verify_hashes: true,
             engine,

@@ -1,24 +1,26 @@
 //! A CPU tier end to end over real sockets: the gateway in front of a simulated worker whose
-//! engine keeps an `OffloadingConnector`-style CPU tier beside a small device pool (real HTTP,
-//! real ZMQ events, the tier's stores published with `medium = "CPU"`). Once a prompt's blocks
-//! left the device but not the tier, the engine serves them from the tier, and the gateway
-//! predicts the engine's `cached_tokens` exactly, with the tier's part and its load time in
-//! the decision.
+//! engine keeps a CPU tier beside a small device pool, by each connector the gateway knows
+//! (`OffloadingConnector`, `SimpleCPUOffloadConnector`; real HTTP, real ZMQ events, the tier's
+//! stores published with `medium = "CPU"`). Once a prompt's blocks left the device but not the
+//! tier, the engine serves them from the tier, and the gateway predicts the engine's
+//! `cached_tokens` exactly, with the tier's part and its load time in the decision.
 
 use crate::common;
 
 use kvroute::gateway::{Gateway, GatewayHandle};
+use kvroute_index::tier::OffloadConnector;
 use kvroute_sim::{PublisherConfig, SimHandle, WorkerConfig};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-async fn sim() -> SimHandle {
+async fn sim(connector: OffloadConnector) -> SimHandle {
     let mut cfg = WorkerConfig::for_preset("llama").unwrap();
     cfg.speedup = 1000.0;
     // 40 blocks of 16 tokens: two 300-token prompts evict a third.
     cfg.engine.num_blocks = 40;
     cfg.engine.max_model_len = 600;
     cfg.engine.cpu_tier_slots = 200;
+    cfg.engine.cpu_tier_connector = connector;
     cfg.zmq = Some(PublisherConfig::new("tcp://127.0.0.1:0"));
     kvroute_sim::start_worker("w0", cfg, ([127, 0, 0, 1], 0).into())
         .await
@@ -42,12 +44,21 @@ fn prompt(first: u32, len: u32) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_the_device_evicted_are_served_from_the_cpu_tier_and_predicted_exactly() {
-    let w = sim().await;
-    let gw = Gateway::start(common::gateway_config(vec![common::sim_spec(
-        &w, "llama", false,
-    )]))
-    .await
-    .unwrap();
+    served_from_the_tier(OffloadConnector::Offloading).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simple_cpu_tier_is_predicted_by_the_device_rules_from_the_device_hit() {
+    served_from_the_tier(OffloadConnector::SimpleCpu).await;
+}
+
+async fn served_from_the_tier(connector: OffloadConnector) {
+    let w = sim(connector).await;
+    let mut spec = common::sim_spec(&w, "llama", false);
+    spec.offload_connector = connector;
+    let gw = Gateway::start(common::gateway_config(vec![spec]))
+        .await
+        .unwrap();
     // Events flow before the measured requests: a subscription that joins late misses the
     // batches published before it (as with any PUB socket).
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -79,7 +90,8 @@ async fn blocks_the_device_evicted_are_served_from_the_cpu_tier_and_predicted_ex
         "{d} tiers {tiers:?} counters {:?}",
         index.counters().snapshot()
     );
-    // 18 whole blocks of 300 tokens; the full-attention tier has no last-token rule.
+    // 18 whole blocks of 300 tokens (the `OffloadingConnector` has no last-token rule, the
+    // other keeps the device's: 299 tokens hold 18 blocks too).
     assert_eq!(cached, 288, "{d}");
     assert!(tier > 0, "the tier served nothing: {d}");
     let c = &d["candidates"][0];
