@@ -22,6 +22,7 @@ use crate::layout::{GroupSpec, Params, Plan};
 use crate::rank::{RankState, RankStats, WorkerConfig};
 use crate::rules::{self, GroupEvidence, HolderRef, Lookup, STACK_LOOKUPS};
 use crate::runs::Runs;
+use crate::tier::OffloadConnector;
 use crate::tier_lookup;
 use parking_lot::RwLock;
 use serde::Serialize;
@@ -587,8 +588,11 @@ pub(crate) fn predict_rank(
     pred.cached = if skip { 0 } else { j.cached };
     pred.group_blind = j.group_blind;
     pred.groups = j.groups;
-    // The connector's EAGLE rule (one more chunk queried, then dropped) is not modeled.
-    if !skip && !p.eagle && !r.offload.is_empty() {
+    // The `OffloadingConnector`'s EAGLE rule (one more chunk queried, then dropped) is not
+    // modeled; the `SimpleCPUOffloadConnector`'s is the coordinator's own.
+    let tier_rule_known =
+        !p.eagle || r.config.lookup.offload_connector == OffloadConnector::SimpleCpu;
+    if !skip && tier_rule_known && !r.offload.is_empty() {
         if let Some((tier, medium)) =
             tier_lookup::tier_part(r, plan, &p, chain, n_tokens, pred.cached)
         {

@@ -190,6 +190,14 @@ impl Reference {
         if p.eagle {
             let cached = if q.skip_prefix_cache {
                 0
+            } else if cfg.lookup.offload_connector == OffloadConnector::SimpleCpu {
+                // The connector's coordinator drops the EAGLE block as the device's does.
+                ctx.with_tier(
+                    &lookups,
+                    q.tokens.len(),
+                    ctx.coordinate_eagle(&lookups, max_len),
+                    &cfg,
+                )
             } else {
                 ctx.coordinate_eagle(&lookups, max_len)
             };
@@ -349,7 +357,11 @@ impl Ctx<'_> {
             chunk: self.chunk,
         };
         let max_len = (m as u64).saturating_sub(u64::from(self.p.lookahead.max(1)));
-        ctx.coordinate(lookups, max_len)
+        if self.p.eagle {
+            ctx.coordinate_eagle(lookups, max_len)
+        } else {
+            ctx.coordinate(lookups, max_len)
+        }
     }
 
     /// Lookups in coordinator order: identical specs merged, full-attention kinds first.

@@ -508,15 +508,16 @@ proptest! {
     fn with_a_simple_cpu_tier_the_fast_index_agrees_with_the_reference_on_random_event_streams(
         seed in any::<u64>(),
         v033 in any::<bool>(),
+        eagle in any::<bool>(),
     ) {
         let engines = if v033 { V033 } else { V032 };
-        let _ = run_case_with(seed, 300, false, engines, OffloadConnector::SimpleCpu);
+        let _ = run_case_with(seed, 300, eagle, engines, OffloadConnector::SimpleCpu);
     }
 }
 
 #[test]
 fn a_long_simple_cpu_stream_keeps_the_fast_index_and_the_reference_equal_and_hits_the_tier() {
-    for (engines, eagle) in [(V032, false), (V033, false)] {
+    for (engines, eagle) in [(V032, false), (V033, false), (V032, true)] {
         let t = run_case_with(0x51c9, 5_000, eagle, engines, OffloadConnector::SimpleCpu);
         assert!(t.compared > 1_000, "{}", t.compared);
         assert!(

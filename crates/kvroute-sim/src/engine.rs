@@ -270,8 +270,12 @@ impl Engine {
                     .into(),
             ));
         }
-        if rules.eagle_drop && cfg.cpu_tier_slots > 0 {
-            // The connector's EAGLE rule (a chunk more looked up, then dropped) is not modeled.
+        if rules.eagle_drop
+            && cfg.cpu_tier_slots > 0
+            && cfg.cpu_tier_connector == OffloadConnector::Offloading
+        {
+            // The connector's EAGLE rule (a chunk more looked up, then dropped) is not modeled
+            // (the `SimpleCPUOffloadConnector`'s is the coordinator's own).
             return Err(SimError::Config(
                 "a CPU tier with EAGLE-style speculation's block drop is not simulated".into(),
             ));
