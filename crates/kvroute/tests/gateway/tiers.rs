@@ -61,10 +61,13 @@ async fn served_from_the_tier(connector: OffloadConnector) {
         .unwrap();
     // Events flow before the measured requests: a subscription that joins late misses the
     // batches published before it (as with any PUB socket).
+    // Each warm-up prompt is new: a repeat would hit the device and publish nothing.
     let deadline = Instant::now() + Duration::from_secs(10);
+    let mut first = 40_000;
     while gw.state.registry.index.stats().block_copies == 0 {
         assert!(Instant::now() < deadline, "no event reached the gateway");
-        complete(&gw, &prompt(40_000, 40)).await;
+        complete(&gw, &prompt(first, 40)).await;
+        first += 100;
         common::settle(&gw).await;
     }
     let a = prompt(1000, 300);
