@@ -15,6 +15,8 @@ macro_rules! counters {
 
         impl Counter {
             pub const ALL: &'static [Counter] = &[$(Counter::$variant),*];
+            /// How many counters there are.
+            pub const COUNT: usize = [$($name),*].len();
             pub fn name(self) -> &'static str {
                 match self { $(Counter::$variant => $name),* }
             }
@@ -30,6 +32,7 @@ counters! {
     BlocksRemoved => "blocks_removed",
     OffloadBlocksStored => "offload_blocks_stored",
     OffloadBlocksRemoved => "offload_blocks_removed",
+    OffloadOverflow => "offload_overflow",
     RemovedUnknownGroup => "removed_unknown_group",
     RemovedUnknownHash => "removed_unknown_hash",
     LayoutChanges => "layout_changes",
@@ -47,7 +50,7 @@ counters! {
 
 #[derive(Default)]
 pub struct Counters {
-    values: [AtomicU64; 20],
+    values: [AtomicU64; Counter::COUNT],
 }
 
 impl Counters {

@@ -77,6 +77,13 @@ impl WorkerConfig {
     }
 }
 
+/// The most distinct keys one offload tier (medium, group) of a rank holds: past it the tier is
+/// emptied and counted (`offload_overflow`). A real tier removes what it evicts; one that never
+/// does (LMCache's in-process connector publishes stores only) would otherwise grow without
+/// bound. 2²⁰ keys is a 16-token-block tier of 16 M tokens, beyond a 64 GiB CPU tier of a 7B
+/// model.
+pub const MAX_TIER_KEYS: usize = 1 << 20;
+
 /// Per-rank statistics (exposed per worker by the gateway).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RankStats {
@@ -344,6 +351,17 @@ impl RankState {
                 tier.insert(h.value.0);
             }
             counters.add(Counter::OffloadBlocksStored, ev.hashes.len() as u64);
+            if tier.distinct() > MAX_TIER_KEYS {
+                tier.clear();
+                self.refuse(
+                    Counter::OffloadOverflow,
+                    1,
+                    counters,
+                    &ev.worker,
+                    "an offload tier outgrew its bound (a connector that publishes no removals, \
+                     such as LMCache's in-process one?): its blocks were dropped",
+                );
+            }
             return;
         }
         if ev.block_size == 0 {

@@ -77,6 +77,12 @@ impl Reference {
                     let key = (s.medium.clone().unwrap_or_default(), s.group.unwrap_or(0));
                     let held = rank.tiers.entry(key).or_default();
                     held.extend(s.hashes.iter().map(|h| h.value.0));
+                    let mut distinct = held.clone();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    if distinct.len() > crate::rank::MAX_TIER_KEYS {
+                        held.clear();
+                    }
                     return;
                 }
                 if s.block_size == 0 {

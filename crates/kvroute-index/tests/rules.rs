@@ -359,6 +359,40 @@ fn a_simple_cpu_tier_applies_the_window_rule_to_the_blocks_after_the_device_hit(
 }
 
 #[test]
+fn a_tier_that_never_removes_is_emptied_at_its_bound_and_counted() {
+    let idx = Index::new();
+    let limit = kvroute_index::rank::MAX_TIER_KEYS as u64;
+    // A connector publishing stores only (LMCache's in-process one): keys of its own, no group.
+    let batch = |from: u64, n: u64| {
+        let mut ev = store("w", 0, "full_attention", None, 256, &[]);
+        if let kvroute_index::event::Event::Stored(s) = &mut ev {
+            s.medium = Some("cpu".into());
+            s.group = None;
+            s.kind = None;
+            s.hashes = (from..from + n)
+                .map(kvroute_index::event::EngineHash::int)
+                .collect();
+        }
+        ev
+    };
+    idx.apply(&batch(0, limit));
+    let held = |idx: &Index| {
+        idx.inspect(&"w".into(), 0, |r| r.offload_blocks())
+            .and_then(|t| t.get("cpu").copied())
+    };
+    assert_eq!(held(&idx), Some(limit));
+    idx.apply(&batch(limit, 1));
+    assert_eq!(held(&idx).unwrap_or(0), 0);
+    let overflow = idx
+        .counters()
+        .snapshot()
+        .into_iter()
+        .find(|(name, _)| *name == "offload_overflow")
+        .map(|(_, v)| v);
+    assert_eq!(overflow, Some(1));
+}
+
+#[test]
 fn a_kind_change_clears_the_rank_and_is_counted() {
     let idx = Index::new();
     let t = tokens(12, 100);
