@@ -125,6 +125,19 @@ impl Speculative {
         needs && !self.disable_eagle_block_drop
     }
 
+    /// Whether `engine` flags KV cache groups as holding the drafter's layers
+    /// (`is_eagle_group`): 0.33 marks every draft layer's spec; 0.32 only the group of the last
+    /// registered layer for `mtp`, and a `non_causal_multi_token_decode` spec (`dspark`). With
+    /// none flagged the coordinator drops in every group and the `OffloadingConnector` pops no
+    /// chunk. (0.32 also flags the last layer's group of DeepSeek V4 models, which the
+    /// configuration does not name.)
+    pub fn flags_drafter_groups(&self, engine: Engine) -> bool {
+        match engine {
+            Engine::Vllm032 => matches!(self.method(), "mtp" | "dspark"),
+            Engine::Vllm033 => true,
+        }
+    }
+
     /// vLLM 0.33's `num_hash_lookahead_tokens` for an engine with prefix caching and no KV
     /// connector (any `--kv-transfer-config` keeps it 0): 0 without the drop or with
     /// `disable_lookahead_block_hashes`; `num_speculative_tokens` for multi-module MTP (a draft

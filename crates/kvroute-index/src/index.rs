@@ -588,10 +588,13 @@ pub(crate) fn predict_rank(
     pred.cached = if skip { 0 } else { j.cached };
     pred.group_blind = j.group_blind;
     pred.groups = j.groups;
-    // The `OffloadingConnector`'s EAGLE rule (one more chunk queried, then dropped) is not
-    // modeled; the `SimpleCPUOffloadConnector`'s is the coordinator's own.
-    let tier_rule_known =
-        !p.eagle || r.config.lookup.offload_connector == OffloadConnector::SimpleCpu;
+    // The `OffloadingConnector`'s EAGLE rule (one more chunk queried, then dropped, in the
+    // groups flagged as the drafter's) is not modeled: with no group flagged it pops nothing.
+    // The `SimpleCPUOffloadConnector`'s is the coordinator's own.
+    let lk = &r.config.lookup;
+    let tier_rule_known = !p.eagle
+        || lk.offload_connector == OffloadConnector::SimpleCpu
+        || lk.drafter_groups_unflagged;
     if !skip && tier_rule_known && !r.offload.is_empty() {
         if let Some((tier, medium)) =
             tier_lookup::tier_part(r, plan, &p, chain, n_tokens, pred.cached)

@@ -179,6 +179,13 @@ pub struct LookupConfig {
     /// absent): it decides how a tier hit is looked up.
     #[serde(default)]
     pub offload_connector: OffloadConnector,
+    /// Under the EAGLE drop, the engine flags no KV cache group as its drafter's
+    /// (`Speculative::flags_drafter_groups` is false: vLLM 0.32's `eagle`, `eagle3`,
+    /// `dflash`): the `OffloadingConnector` then pops no chunk and its tier is predicted by its
+    /// plain rule. Otherwise (and when unknown) an EAGLE worker's `OffloadingConnector` tier is
+    /// not predicted.
+    #[serde(default)]
+    pub drafter_groups_unflagged: bool,
 }
 
 /// The lookup parameters of one (worker, rank), derived like vLLM's coordinator does.
@@ -351,6 +358,7 @@ mod tests {
             eagle: false,
             offload_chunk_blocks: None,
             offload_connector: Default::default(),
+            drafter_groups_unflagged: false,
         };
         let p = l.params(&cfg).unwrap();
         assert_eq!((p.hash_block, p.align, p.fine_grained), (16, 16, true));

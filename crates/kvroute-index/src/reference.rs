@@ -196,8 +196,11 @@ impl Reference {
         if p.eagle {
             let cached = if q.skip_prefix_cache {
                 0
-            } else if cfg.lookup.offload_connector == OffloadConnector::SimpleCpu {
-                // The connector's coordinator drops the EAGLE block as the device's does.
+            } else if cfg.lookup.offload_connector == OffloadConnector::SimpleCpu
+                || cfg.lookup.drafter_groups_unflagged
+            {
+                // The SimpleCPU connector's coordinator drops the EAGLE block as the device's
+                // does; with no drafter group flagged the other connector pops nothing.
                 ctx.with_tier(
                     &lookups,
                     q.tokens.len(),

@@ -145,16 +145,25 @@ impl Tally {
 /// `engines[w]`: worker `w`'s engine and lookahead count; its stores hold the prompts' chains
 /// hashed as that engine hashes them.
 fn run_case(seed: u64, steps: usize, eagle: bool, engines: [(Engine, u32); 3]) -> Tally {
-    run_case_with(seed, steps, eagle, engines, OffloadConnector::Offloading)
+    run_case_with(
+        seed,
+        steps,
+        eagle,
+        engines,
+        OffloadConnector::Offloading,
+        false,
+    )
 }
 
-/// `run_case` with the offload tiers kept by `connector`.
+/// `run_case` with the offload tiers kept by `connector`; `unflagged`: under EAGLE, the engine
+/// flags no drafter group (the `OffloadingConnector` pops nothing).
 fn run_case_with(
     seed: u64,
     steps: usize,
     eagle: bool,
     engines: [(Engine, u32); 3],
     connector: OffloadConnector,
+    unflagged: bool,
 ) -> Tally {
     let mut tally = Tally::default();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -165,6 +174,7 @@ fn run_case_with(
             eagle,
             offload_chunk_blocks: None,
             offload_connector: connector,
+            drafter_groups_unflagged: unflagged,
         },
         verify_hashes: false,
         ..WorkerConfig::default()
@@ -511,14 +521,21 @@ proptest! {
         eagle in any::<bool>(),
     ) {
         let engines = if v033 { V033 } else { V032 };
-        let _ = run_case_with(seed, 300, eagle, engines, OffloadConnector::SimpleCpu);
+        let _ = run_case_with(seed, 300, eagle, engines, OffloadConnector::SimpleCpu, false);
     }
 }
 
 #[test]
 fn a_long_simple_cpu_stream_keeps_the_fast_index_and_the_reference_equal_and_hits_the_tier() {
     for (engines, eagle) in [(V032, false), (V033, false), (V032, true)] {
-        let t = run_case_with(0x51c9, 5_000, eagle, engines, OffloadConnector::SimpleCpu);
+        let t = run_case_with(
+            0x51c9,
+            5_000,
+            eagle,
+            engines,
+            OffloadConnector::SimpleCpu,
+            false,
+        );
         assert!(t.compared > 1_000, "{}", t.compared);
         assert!(
             t.hits * 20 > t.compared,
@@ -528,4 +545,18 @@ fn a_long_simple_cpu_stream_keeps_the_fast_index_and_the_reference_equal_and_hit
         );
         assert!(t.tier_hits > 0, "no prediction was served from the tier");
     }
+}
+
+#[test]
+fn with_eagle_and_no_drafter_group_flagged_a_cpu_tier_is_predicted_and_agrees() {
+    let t = run_case_with(
+        0xea63,
+        5_000,
+        true,
+        V032,
+        OffloadConnector::Offloading,
+        true,
+    );
+    assert!(t.compared > 1_000, "{}", t.compared);
+    assert!(t.tier_hits > 0, "no prediction was served from the tier");
 }

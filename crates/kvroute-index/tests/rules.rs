@@ -157,6 +157,7 @@ fn chunked_local_attention_skips_blocks_before_the_current_chunk() {
                 eagle: false,
                 offload_chunk_blocks: None,
                 offload_connector: Default::default(),
+                drafter_groups_unflagged: false,
             },
             ..Default::default()
         },
@@ -417,6 +418,7 @@ fn eagle_worker(idx: &Index, worker: &str) {
                 eagle: true,
                 offload_chunk_blocks: None,
                 offload_connector: Default::default(),
+                drafter_groups_unflagged: false,
             },
             ..Default::default()
         },

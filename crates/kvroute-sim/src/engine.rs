@@ -270,12 +270,18 @@ impl Engine {
                     .into(),
             ));
         }
+        let flagged = cfg
+            .speculative
+            .as_ref()
+            .is_some_and(|s| s.flags_drafter_groups(cfg.engine));
         if rules.eagle_drop
+            && flagged
             && cfg.cpu_tier_slots > 0
             && cfg.cpu_tier_connector == OffloadConnector::Offloading
         {
-            // The connector's EAGLE rule (a chunk more looked up, then dropped) is not modeled
-            // (the `SimpleCPUOffloadConnector`'s is the coordinator's own).
+            // The connector's EAGLE rule (a chunk more looked up, then dropped, in the groups
+            // flagged as the drafter's) is not modeled; with none flagged it pops nothing (the
+            // `SimpleCPUOffloadConnector`'s is the coordinator's own).
             return Err(SimError::Config(
                 "a CPU tier with EAGLE-style speculation's block drop is not simulated".into(),
             ));

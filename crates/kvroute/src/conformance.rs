@@ -141,6 +141,7 @@ pub fn worker_config(meta: &Meta) -> Result<WorkerConfig> {
             eagle: speculative.is_some(),
             offload_chunk_blocks: None,
             offload_connector: Default::default(),
+            drafter_groups_unflagged: false,
         },
         verify_hashes: true,
         engine,

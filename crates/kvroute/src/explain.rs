@@ -47,6 +47,7 @@ pub fn explain(
             eagle: s.eagle,
             offload_chunk_blocks: None,
             offload_connector: Default::default(),
+            drafter_groups_unflagged: false,
         },
         verify_hashes: true,
         ..WorkerConfig::default()

@@ -196,6 +196,14 @@ impl SpeculativeSpec {
         }
     }
 
+    /// Whether `engine` flags KV cache groups as the drafter's (`true` is an `eagle` drafter).
+    fn flags_drafter_groups(&self, engine: Engine) -> bool {
+        match self {
+            SpeculativeSpec::Flag(on) => *on && engine == Engine::Vllm033,
+            SpeculativeSpec::Config(s) => s.flags_drafter_groups(engine),
+        }
+    }
+
     /// The lookahead count `engine` derives.
     fn lookahead(&self, engine: Engine) -> u32 {
         match self {
@@ -303,6 +311,7 @@ impl WorkerSpec {
                 eagle: self.speculative.drops(engine),
                 offload_chunk_blocks: self.offload_chunk_blocks,
                 offload_connector: self.offload_connector,
+                drafter_groups_unflagged: !self.speculative.flags_drafter_groups(engine),
             },
             verify_hashes: true,
             engine,

@@ -161,3 +161,21 @@ fn worker_flags_set_the_engine_and_vllm_s_speculative_fields() {
     let json = serde_json::to_string(&w).unwrap();
     assert_eq!(serde_json::from_str::<WorkerSpec>(&json).unwrap(), w);
 }
+
+#[test]
+fn an_eagle_worker_s_cpu_tier_follows_whether_its_engine_flags_drafter_groups() {
+    let mut w = WorkerSpec::new("a", "http://x", "m");
+    w.set_flag("speculative_method", "eagle3").unwrap();
+    w.set_flag("num_speculative_tokens", "3").unwrap();
+    // 0.32 flags no group for EAGLE3 (the connector pops nothing); 0.33 flags its drafter's.
+    let on = |w: &WorkerSpec, e| {
+        w.index_config_for(e)
+            .unwrap()
+            .lookup
+            .drafter_groups_unflagged
+    };
+    assert!(on(&w, Engine::Vllm032));
+    assert!(!on(&w, Engine::Vllm033));
+    w.set_flag("speculative_method", "mtp").unwrap();
+    assert!(!on(&w, Engine::Vllm032));
+}
