@@ -80,11 +80,13 @@ pub enum ImageError {
     Copies { group: u32, copies: u32 },
     #[error("medium {0:?}: {1} copies of a block (1..={MAX_COPIES})")]
     TierCopies(String, u32),
+    #[error("medium {0:?} group {1}: {2} blocks (at most {max})", max = crate::rank::MAX_TIER_KEYS)]
+    TierTooLarge(String, u32, usize),
 }
 
 impl RankImage {
-    /// Whether the image can be loaded: bounded groups and copies, no group twice, no zero
-    /// block size.
+    /// Whether the image can be loaded: bounded groups, copies and tiers, no group twice, no
+    /// zero block size.
     pub fn check(&self) -> Result<(), ImageError> {
         if self.groups.len() > MAX_GROUPS {
             return Err(ImageError::TooManyGroups(self.groups.len()));
@@ -112,6 +114,13 @@ impl RankImage {
         for t in &self.offload {
             if let Some((_, c)) = t.blocks.iter().find(|(_, c)| bad(*c)) {
                 return Err(ImageError::TierCopies(t.medium.clone(), *c));
+            }
+            if t.blocks.len() > crate::rank::MAX_TIER_KEYS {
+                return Err(ImageError::TierTooLarge(
+                    t.medium.clone(),
+                    t.group,
+                    t.blocks.len(),
+                ));
             }
         }
         Ok(())
@@ -316,6 +325,16 @@ mod tests {
             }],
         };
         assert_eq!(tier.check(), Err(ImageError::TierCopies("CPU".into(), 0)));
+        let n = crate::rank::MAX_TIER_KEYS + 1;
+        let big = RankImage {
+            groups: Vec::new(),
+            offload: vec![TierImage {
+                medium: "cpu".into(),
+                group: 0,
+                blocks: (0..n as u64).map(|h| (h, 1)).collect(),
+            }],
+        };
+        assert_eq!(big.check(), Err(ImageError::TierTooLarge("cpu".into(), 0, n)));
         let many = RankImage {
             groups: (0..=MAX_GROUPS as u32).map(|g| group(g, 1)).collect(),
             offload: Vec::new(),
