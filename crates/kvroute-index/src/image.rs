@@ -111,16 +111,16 @@ impl RankImage {
                 });
             }
         }
+        // Entries of one (medium, group) load into one tier: bound their sum.
+        let mut per_tier: std::collections::BTreeMap<(&str, u32), usize> = Default::default();
         for t in &self.offload {
             if let Some((_, c)) = t.blocks.iter().find(|(_, c)| bad(*c)) {
                 return Err(ImageError::TierCopies(t.medium.clone(), *c));
             }
-            if t.blocks.len() > crate::rank::MAX_TIER_KEYS {
-                return Err(ImageError::TierTooLarge(
-                    t.medium.clone(),
-                    t.group,
-                    t.blocks.len(),
-                ));
+            let n = per_tier.entry((t.medium.as_str(), t.group)).or_default();
+            *n += t.blocks.len();
+            if *n > crate::rank::MAX_TIER_KEYS {
+                return Err(ImageError::TierTooLarge(t.medium.clone(), t.group, *n));
             }
         }
         Ok(())
@@ -334,7 +334,21 @@ mod tests {
                 blocks: (0..n as u64).map(|h| (h, 1)).collect(),
             }],
         };
-        assert_eq!(big.check(), Err(ImageError::TierTooLarge("cpu".into(), 0, n)));
+        assert_eq!(
+            big.check(),
+            Err(ImageError::TierTooLarge("cpu".into(), 0, n))
+        );
+        // Two entries of one tier count together.
+        let half = |from: u64| TierImage {
+            medium: "cpu".into(),
+            group: 0,
+            blocks: (from..from + n as u64 / 2 + 1).map(|h| (h, 1)).collect(),
+        };
+        let split = RankImage {
+            groups: Vec::new(),
+            offload: vec![half(0), half(1 << 40)],
+        };
+        assert!(matches!(split.check(), Err(ImageError::TierTooLarge(..))));
         let many = RankImage {
             groups: (0..=MAX_GROUPS as u32).map(|g| group(g, 1)).collect(),
             offload: Vec::new(),

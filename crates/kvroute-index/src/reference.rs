@@ -264,13 +264,35 @@ impl Ctx<'_> {
         device: u64,
         cfg: &WorkerConfig,
     ) -> u64 {
-        let local = device - device % u64::from(self.p.align.max(1));
+        // The scheduler block: the least common multiple of the groups' block sizes, the
+        // largest u32 when it does not fit.
+        let mut sched = 1u64;
+        for spec in self.rank.layout.groups.values() {
+            let b = u64::from(spec.block_size);
+            if b == 0 {
+                continue;
+            }
+            let (mut x, mut y) = (sched, b);
+            while y != 0 {
+                (x, y) = (y, x % y);
+            }
+            match (sched / x).checked_mul(b) {
+                Some(l) if l <= u64::from(u32::MAX) => sched = l,
+                _ => {
+                    sched = u64::from(u32::MAX);
+                    break;
+                }
+            }
+        }
+        let local = device - device % sched;
         let mut best = device;
         let media: Vec<&String> = self.rank.tiers.keys().map(|(m, _)| m).collect();
         for medium in media {
             let ext = match cfg.lookup.offload_connector {
                 OffloadConnector::Offloading => self.offloading_hit(lookups, n, local, medium, cfg),
-                OffloadConnector::SimpleCpu => self.simple_cpu_hit(lookups, n, local, medium, cfg),
+                OffloadConnector::SimpleCpu => {
+                    self.simple_cpu_hit(lookups, n, (local, sched), medium, cfg)
+                }
             };
             best = best.max(local + ext);
         }
@@ -320,21 +342,10 @@ impl Ctx<'_> {
         &self,
         lookups: &[(GroupSpec, Vec<u32>)],
         n: usize,
-        local: u64,
+        (local, sched): (u64, u64),
         medium: &str,
         cfg: &WorkerConfig,
     ) -> u64 {
-        let mut sched = 1u64;
-        for spec in self.rank.layout.groups.values() {
-            let b = u64::from(spec.block_size);
-            if b > 0 {
-                let (mut x, mut y) = (sched, b);
-                while y != 0 {
-                    (x, y) = (y, x % y);
-                }
-                sched = sched / x * b;
-            }
-        }
         let chunk = lookups
             .iter()
             .find(|(spec, _)| spec.rule() == Rule::ChunkedLocal)
@@ -343,7 +354,7 @@ impl Ctx<'_> {
             n,
             local as usize,
             self.p.hash_block,
-            u32::try_from(sched).unwrap_or(u32::MAX),
+            sched as u32,
             chunk,
             cfg.engine,
             self.hashes.len(),

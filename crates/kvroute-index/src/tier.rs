@@ -73,6 +73,27 @@ impl FromStr for OffloadConnector {
     }
 }
 
+/// vLLM's scheduler block for groups of these block sizes: their least common multiple
+/// (`u32::MAX` when it does not fit). The scheduler hands a connector its device hit rounded
+/// down to it, and counts the connector's hit only when it exceeds what the rounding dropped.
+pub fn scheduler_block(block_sizes: impl IntoIterator<Item = u32>) -> u32 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let mut lcm = 1u64;
+    for b in block_sizes.into_iter().filter(|b| *b > 0).map(u64::from) {
+        match (lcm / gcd(lcm, b)).checked_mul(b) {
+            Some(l) if l <= u64::from(u32::MAX) => lcm = l,
+            _ => return u32::MAX,
+        }
+    }
+    lcm as u32
+}
+
 /// What a `SimpleCPUOffloadConnector` looks up for a request of `n` tokens (a chain of
 /// `chain_len` hashes of `hash_block` tokens) whose device hit is `local`: `Some((skip, m))`
 /// when it looks at all — the chain from hash `skip` on, as a request of `m = n − local`
@@ -434,7 +455,8 @@ mod tests {
 
     #[test]
     fn a_simple_cpu_lookup_needs_a_hit_on_the_scheduler_block_and_on_0_33_on_the_chunk() {
-        // A fine-grained device hit of 48 tokens is off a 64-token scheduler block.
+        // A hit off the 64-token scheduler block (the scheduler rounds it down first:
+        // `scheduler_block`).
         assert_eq!(
             simple_cpu_suffix(300, 48, 16, 64, None, Engine::Vllm032, 18),
             None
@@ -465,5 +487,13 @@ mod tests {
             assert_eq!(c.to_string(), name);
         }
         assert!("lmcache".parse::<OffloadConnector>().is_err());
+    }
+
+    #[test]
+    fn the_scheduler_block_is_the_least_common_multiple_and_saturates() {
+        assert_eq!(scheduler_block([16, 64, 0]), 64);
+        assert_eq!(scheduler_block([48, 64]), 192);
+        assert_eq!(scheduler_block([]), 1);
+        assert_eq!(scheduler_block([65_521, 65_519, 65_497]), u32::MAX);
     }
 }

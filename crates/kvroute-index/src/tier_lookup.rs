@@ -29,8 +29,10 @@ pub(crate) fn tier_part(
     n_tokens: usize,
     device: u64,
 ) -> Option<(u64, String)> {
-    // The scheduler hands the connector its device hit rounded down to its block.
-    let local = device as usize - device as usize % p.align.max(1) as usize;
+    // The scheduler hands the connector its device hit rounded down to its block (the
+    // groups' least common multiple, coarser than the alignment under fine-grained hits).
+    let sched = tier::scheduler_block(r.layout.groups.values().map(|g| g.block_size));
+    let local = device as usize - device as usize % sched.max(1) as usize;
     let media: BTreeSet<&String> = r.offload.keys().map(|(m, _)| m).collect();
     let mut best: Option<(u64, String)> = None;
     for medium in media {
@@ -43,7 +45,9 @@ pub(crate) fn tier_part(
             .collect();
         let hit = match r.config.lookup.offload_connector {
             OffloadConnector::Offloading => offloading(r, plan, p, chain, n_tokens, local, &sets),
-            OffloadConnector::SimpleCpu => simple_cpu(r, plan, p, chain, n_tokens, local, &sets),
+            OffloadConnector::SimpleCpu => {
+                simple_cpu(r, plan, p, chain, n_tokens, (local, sched), &sets)
+            }
         };
         let extra = (local + hit) as u64;
         let extra = extra.saturating_sub(device);
@@ -96,7 +100,7 @@ fn simple_cpu(
     p: &Params,
     chain: &[u64],
     n_tokens: usize,
-    local: usize,
+    (local, sched): (usize, u32),
     sets: &BTreeMap<u32, &Multiset>,
 ) -> usize {
     let chunk = plan
@@ -108,7 +112,7 @@ fn simple_cpu(
         n_tokens,
         local,
         p.hash_block,
-        scheduler_block(r),
+        sched,
         chunk,
         r.config.engine,
         chain.len(),
@@ -122,23 +126,4 @@ fn simple_cpu(
     with_lookups(plan, &empty, holder, |lookups| {
         rules::joint(lookups, suffix, m, p, chunk_cfg, false).cached as usize
     })
-}
-
-/// vLLM's scheduler block: the least common multiple of the rank's group block sizes.
-fn scheduler_block(r: &RankState) -> u32 {
-    fn gcd(a: u64, b: u64) -> u64 {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
-        }
-    }
-    let lcm = r
-        .layout
-        .groups
-        .values()
-        .filter(|g| g.block_size > 0)
-        .map(|g| u64::from(g.block_size))
-        .fold(1u64, |acc, b| acc / gcd(acc, b) * b);
-    u32::try_from(lcm).unwrap_or(u32::MAX)
 }

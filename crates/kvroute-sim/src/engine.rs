@@ -793,7 +793,14 @@ impl Engine {
             for (handle, _) in &scheduled {
                 if let Some(r) = self.reqs.get_mut(handle) {
                     let to = r.num_computed.min(r.prompt_len);
-                    cpu.offer(&r.hashes, r.prompt_len, r.tier_offered, to);
+                    cpu.offer(
+                        &self.kv,
+                        &r.tokens,
+                        &r.hashes,
+                        r.prompt_len,
+                        r.tier_offered,
+                        to,
+                    );
                     r.tier_offered = r.tier_offered.max(to);
                 }
             }

@@ -219,11 +219,21 @@ impl Tier {
         }
     }
 
-    /// A request's prefill went from `from` to `to` computed tokens (the
-    /// `OffloadingConnector` stores its chunks; the other copies the device's stores).
-    pub fn offer(&mut self, hashes: &[u64], prompt_len: usize, from: usize, to: usize) {
-        if let Tier::Offloading(t) = self {
-            t.offer(hashes, prompt_len, from, to);
+    /// A request's prefill went from `from` to `to` computed tokens of its `prompt_len`-token
+    /// prompt (`tokens`, chain `hashes`): the `OffloadingConnector` stores its chunks; the
+    /// other scans the request's blocks the device `kv` has cached.
+    pub fn offer(
+        &mut self,
+        kv: &KvCache,
+        tokens: &[u32],
+        hashes: &[u64],
+        prompt_len: usize,
+        from: usize,
+        to: usize,
+    ) {
+        match self {
+            Tier::Offloading(t) => t.offer(hashes, prompt_len, from, to),
+            Tier::SimpleCpu(t) => t.scan(kv, tokens, hashes, from, to.min(prompt_len)),
         }
     }
 
@@ -231,10 +241,7 @@ impl Tier {
     pub fn take_events(&mut self, device: &[Event]) -> Vec<Event> {
         match self {
             Tier::Offloading(t) => t.take_events(),
-            Tier::SimpleCpu(t) => {
-                t.copy_stores(device);
-                t.take_events()
-            }
+            Tier::SimpleCpu(t) => t.take_events(device),
         }
     }
 

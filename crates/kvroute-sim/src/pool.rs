@@ -131,6 +131,15 @@ impl BlockPool {
         pool
     }
 
+    /// The worker and rank the pool's events name.
+    pub fn worker(&self) -> &WorkerId {
+        &self.worker
+    }
+
+    pub fn dp_rank(&self) -> u32 {
+        self.dp_rank
+    }
+
     /// The same pool naming `medium` in its events (a connector's CPU pool).
     pub fn with_medium(mut self, medium: &'static str) -> BlockPool {
         self.medium = medium;

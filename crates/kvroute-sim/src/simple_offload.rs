@@ -3,7 +3,9 @@
 //! own rules.
 //!
 //! Owns: the CPU pool (its blocks, their LRU order, its removals), the copies of what the
-//! device caches (every key of every device `BlockStored`, as it is stored), the tier's hit for
+//! device caches (every key of every device `BlockStored`, as it is stored, and the connector's
+//! positional scan of each scheduled request's attention blocks from block 0, which copies a
+//! prefix-cache hit's blocks the tier lost), the tier's hit for
 //! a request (the device coordinator over the CPU pool, on the hashes after the device hit,
 //! at most `n − 1 − local`: `kvroute_index::tier::simple_cpu_suffix` says where it starts),
 //! and the events the tier publishes: one `BlockStored` per copied key (`medium = "CPU"`, the
@@ -13,8 +15,7 @@
 //! without refreshing it); a copy or a hit's load makes its blocks the most recent; the device's
 //! removals and resets leave the tier alone (vLLM resets the connector only when asked to).
 //! Must not: model the connector's asynchrony (a store lands in the step that cached it on the
-//! device, a hit is loaded at once), its disk backend or lazy mode, or EAGLE (the engine
-//! refuses a tier with EAGLE's drop).
+//! device, a hit is loaded at once), its disk backend or lazy mode.
 
 use crate::cache::KvCache;
 use crate::pool::{BlockId, BlockPool};
@@ -28,6 +29,9 @@ pub struct SimpleCpuTier {
     pool: BlockPool,
     /// Events queued since the last `take_events`, in order (a copy's evictions before it).
     events: Vec<Event>,
+    /// Blocks the positional scan found since the last `take_events`, copied after the
+    /// device's stores of the same batch.
+    scanned: Vec<Event>,
     engine: kvroute_index::Engine,
 }
 
@@ -50,6 +54,7 @@ impl SimpleCpuTier {
             )
             .with_medium(MEDIUM),
             events: Vec::new(),
+            scanned: Vec::new(),
             engine,
         }
     }
@@ -152,8 +157,51 @@ impl SimpleCpuTier {
         }
     }
 
-    /// The tier's events since the last call, in order.
-    pub fn take_events(&mut self) -> Vec<Event> {
+    /// A request's computed prompt went from `from` to `to` tokens: the connector's positional
+    /// scan over each attention group's blocks of `[from, to)` (the request's prefix-cache hit
+    /// included: its scan starts at block 0), offering every block the device still has cached
+    /// (a window block the table nulled included); the tier copies those it lacks. Mamba states
+    /// reach it only as the device caches them (`copy_stores`).
+    pub fn scan(&mut self, kv: &KvCache, tokens: &[u32], hashes: &[u64], from: usize, to: usize) {
+        let h = kv.params.hash_block;
+        for (g, spec) in kv.spec.groups.iter().enumerate() {
+            if matches!(spec.kind, crate::spec::GroupKind::Mamba) {
+                continue;
+            }
+            let b = spec.block_size as usize;
+            let k = (spec.block_size / h.max(1)) as usize;
+            let key = |i: usize| hashes.get((i + 1) * k - 1).copied();
+            for i in from / b..to / b {
+                let Some(hash) = key(i) else { break };
+                if !kv.pool.contains((hash, g as u32)) {
+                    continue;
+                }
+                self.scanned.push(Event::Stored(Stored {
+                    worker: self.pool.worker().clone(),
+                    dp_rank: self.pool.dp_rank(),
+                    medium: Some("GPU".into()),
+                    group: Some(g as u32),
+                    kind: Some(spec.kind.cache_kind()),
+                    sliding_window: spec.kind.reported_window(),
+                    block_size: spec.block_size,
+                    parent: i.checked_sub(1).and_then(key).map(EngineHash::int),
+                    hashes: vec![EngineHash::int(hash)],
+                    token_ids: tokens.get(i * b..(i + 1) * b).unwrap_or_default().to_vec(),
+                    extra_keys: None,
+                    lora_id: None,
+                    lora_name: None,
+                    lookahead_token_ids: None,
+                }));
+            }
+        }
+    }
+
+    /// The tier's events since the last call, in order: after the device's `device` stores
+    /// are copied, what the positional scan found.
+    pub fn take_events(&mut self, device: &[Event]) -> Vec<Event> {
+        self.copy_stores(device);
+        let scanned = std::mem::take(&mut self.scanned);
+        self.copy_stores(&scanned);
         self.events.extend(self.pool.take_events());
         std::mem::take(&mut self.events)
     }
@@ -220,8 +268,7 @@ mod tests {
         let mut t = SimpleCpuTier::new(2, &kv, kvroute_index::Engine::Vllm032, "w".into(), 0);
         t.copy_stores(&[stored(0, &[1, 2])]);
         // A held key is not copied again; a third key evicts the least recent.
-        t.copy_stores(&[stored(0, &[2, 3])]);
-        let events = t.take_events();
+        let events = t.take_events(&[stored(0, &[2, 3])]);
         assert_eq!(summary(&events), [('+', 1), ('+', 2), ('-', 1), ('+', 3)]);
         assert!(events.iter().all(|e| match e {
             Event::Stored(s) => s.medium.as_deref() == Some(MEDIUM) && s.token_ids.len() == 16,
@@ -243,5 +290,50 @@ mod tests {
         // A device hit off the block gets nothing; one that leaves a gap gets nothing.
         assert_eq!(t.hit(&kv, 96, 24, &chain).0, 0);
         assert_eq!(t.hit(&kv, 96, 16, &chain).0, 0);
+    }
+
+    #[test]
+    fn the_positional_scan_copies_a_request_s_blocks_the_device_still_caches() {
+        let mut e = device();
+        let prompt: Vec<u32> = (100..164).collect();
+        e.add_request(crate::engine::NewRequest {
+            id: "a".into(),
+            prompt: prompt.clone(),
+            max_tokens: 1,
+            forced_output: None,
+            cache_salt: None,
+            skip_prefix_cache: false,
+            lora: None,
+            remote_kv: None,
+        })
+        .unwrap();
+        while e.has_work() {
+            e.step();
+        }
+        let hashes: Vec<u64> = kvroute_index::index::block_hashes(
+            kvroute_index::HashAlgo::Sha256,
+            kvroute_index::hash::DEFAULT_SEED,
+            16,
+            &prompt,
+            &kvroute_index::BlockExtras::default(),
+        )
+        .into_iter()
+        .map(|(_, h, _)| h)
+        .collect();
+        // A tier that never saw the request's stores (it lost them): the scan of its prompt
+        // copies the four blocks the device still caches, one event each, after the batch.
+        let mut t = SimpleCpuTier::new(16, &e.kv, kvroute_index::Engine::Vllm032, "w".into(), 0);
+        t.scan(&e.kv, &prompt, &hashes, 0, 64);
+        assert!(t.is_empty());
+        let events = t.take_events(&[]);
+        assert_eq!(t.len(), 4);
+        assert_eq!(
+            summary(&events),
+            hashes.iter().map(|h| ('+', *h)).collect::<Vec<_>>()
+        );
+        // A block the device does not cache is not offered.
+        let mut t = SimpleCpuTier::new(16, &e.kv, kvroute_index::Engine::Vllm032, "w".into(), 0);
+        t.scan(&e.kv, &prompt, &[1, 2, 3, 4], 0, 64);
+        assert!(t.take_events(&[]).is_empty());
     }
 }

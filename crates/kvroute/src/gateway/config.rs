@@ -273,6 +273,14 @@ impl WorkerSpec {
         }
     }
 
+    /// Whether the configuration names a KV connector on the engine: a
+    /// `SimpleCPUOffloadConnector`, an `OffloadingConnector` chunk, or a prefill/decode role.
+    fn names_a_kv_connector(&self) -> bool {
+        self.offload_connector == OffloadConnector::SimpleCpu
+            || self.offload_chunk_blocks.is_some()
+            || self.role != Role::Both
+    }
+
     /// The index configuration this worker needs, under its configured engine (vLLM 0.32's
     /// when none is configured).
     pub fn index_config(&self) -> Result<WorkerConfig, String> {
@@ -315,9 +323,14 @@ impl WorkerSpec {
             },
             verify_hashes: true,
             engine,
-            hash_lookahead_tokens: self
-                .hash_lookahead_tokens
-                .unwrap_or_else(|| self.speculative.lookahead(engine)),
+            hash_lookahead_tokens: self.hash_lookahead_tokens.unwrap_or_else(|| {
+                if self.names_a_kv_connector() {
+                    // vLLM turns lookahead hashes off under any KV connector.
+                    0
+                } else {
+                    self.speculative.lookahead(engine)
+                }
+            }),
         })
     }
 

@@ -179,3 +179,24 @@ fn an_eagle_worker_s_cpu_tier_follows_whether_its_engine_flags_drafter_groups() 
     w.set_flag("speculative_method", "mtp").unwrap();
     assert!(!on(&w, Engine::Vllm032));
 }
+
+#[test]
+fn a_worker_that_names_a_kv_connector_hashes_without_lookahead_and_drops() {
+    let mut w = WorkerSpec::new("a", "http://x", "m");
+    w.set_flag("speculative_method", "eagle3").unwrap();
+    w.set_flag("num_speculative_tokens", "3").unwrap();
+    let cfg = w.index_config_for(Engine::Vllm033).unwrap();
+    assert_eq!((cfg.lookup.eagle, cfg.hash_lookahead_tokens), (true, 1));
+    w.offload_connector = kvroute_index::tier::OffloadConnector::SimpleCpu;
+    let cfg = w.index_config_for(Engine::Vllm033).unwrap();
+    assert_eq!((cfg.lookup.eagle, cfg.hash_lookahead_tokens), (true, 0));
+    assert!(cfg.rules().eagle_drop);
+    // An explicit count still wins.
+    w.hash_lookahead_tokens = Some(1);
+    assert_eq!(
+        w.index_config_for(Engine::Vllm033)
+            .unwrap()
+            .hash_lookahead_tokens,
+        1
+    );
+}
