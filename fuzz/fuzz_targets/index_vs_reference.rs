@@ -51,6 +51,8 @@ fuzz_target!(|data: &[u8]| {
             } else {
                 kvroute_index::tier::OffloadConnector::Offloading
             },
+            // Under EAGLE, no drafter group flagged (bit 3): the tier is predicted then too.
+            drafter_groups_unflagged: data.first().is_some_and(|b| b & 8 == 8),
         },
         verify_hashes: false,
         ..WorkerConfig::default()
