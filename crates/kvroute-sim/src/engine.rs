@@ -17,9 +17,8 @@
 use crate::cache::{CacheConfig, KvCache, ReqCtx};
 use crate::error::SimError;
 use crate::groups;
-use crate::offload::{CpuTier, Tier};
+use crate::offload::Tier;
 use crate::pool::{BlockId, ReqView};
-use crate::simple_offload::SimpleCpuTier;
 use crate::spec::{CacheParams, ModelSpec};
 use crate::timing::TimeModel;
 use kvroute_index::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
@@ -270,31 +269,7 @@ impl Engine {
                     .into(),
             ));
         }
-        let flagged = cfg
-            .speculative
-            .as_ref()
-            .is_some_and(|s| s.flags_drafter_groups(cfg.engine));
-        if rules.eagle_drop
-            && flagged
-            && cfg.cpu_tier_slots > 0
-            && cfg.cpu_tier_connector == OffloadConnector::Offloading
-        {
-            // The connector's EAGLE rule (a chunk more looked up, then dropped, in the groups
-            // flagged as the drafter's) is not modeled; with none flagged it pops nothing (the
-            // `SimpleCPUOffloadConnector`'s is the coordinator's own).
-            return Err(SimError::Config(
-                "a CPU tier with EAGLE-style speculation's block drop is not simulated".into(),
-            ));
-        }
-        if cfg.cpu_tier_slots > 0
-            && cfg.cpu_tier_connector == OffloadConnector::SimpleCpu
-            && !cfg.spec.groups.iter().any(|g| g.kind.is_full())
-        {
-            // vLLM's SimpleCPU scheduler asserts a full-attention group.
-            return Err(SimError::Config(
-                "the SimpleCPUOffloadConnector needs a full-attention group".into(),
-            ));
-        }
+        Tier::check(&cfg, rules.eagle_drop)?;
         let kv = KvCache::new(
             cfg.spec.clone(),
             params,
@@ -309,22 +284,7 @@ impl Engine {
             cfg.worker.clone(),
             cfg.dp_rank,
         );
-        let cpu = (cfg.cpu_tier_slots > 0).then(|| match cfg.cpu_tier_connector {
-            OffloadConnector::Offloading => Tier::Offloading(CpuTier::new(
-                cfg.cpu_tier_slots,
-                &cfg.spec,
-                params.hash_block,
-                cfg.worker.clone(),
-                cfg.dp_rank,
-            )),
-            OffloadConnector::SimpleCpu => Tier::SimpleCpu(SimpleCpuTier::new(
-                u32::try_from(cfg.cpu_tier_slots).unwrap_or(u32::MAX),
-                &kv,
-                cfg.engine,
-                cfg.worker.clone(),
-                cfg.dp_rank,
-            )),
-        });
+        let cpu = Tier::for_engine(&cfg, &kv);
         Ok(Engine {
             cpu,
             hasher: BlockHasher::new(cfg.hash_algo, &cfg.hash_seed),

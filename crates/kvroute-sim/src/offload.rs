@@ -16,10 +16,12 @@
 //! beyond the hashes and lengths it is handed.
 
 use crate::cache::KvCache;
+use crate::engine::EngineConfig;
+use crate::error::SimError;
 use crate::pool::BlockId;
 use crate::simple_offload::SimpleCpuTier;
 use crate::spec::{GroupKind, ModelSpec};
-use kvroute_index::tier::{offload_hit, TierGroup};
+use kvroute_index::tier::{offload_hit, OffloadConnector, TierGroup};
 use kvroute_index::{EngineHash, Event, Removed, Rule, Stored, WorkerId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -197,6 +199,50 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// Refuses what the simulator cannot run: a tier whose connector pops drafter chunks
+    /// (EAGLE's drop with drafter groups flagged, beside the `OffloadingConnector`), and a
+    /// `SimpleCPUOffloadConnector` without a full-attention group (vLLM asserts one).
+    pub fn check(cfg: &EngineConfig, eagle_drop: bool) -> Result<(), SimError> {
+        if cfg.cpu_tier_slots == 0 {
+            return Ok(());
+        }
+        let flagged = cfg
+            .speculative
+            .as_ref()
+            .is_some_and(|s| s.flags_drafter_groups(cfg.engine));
+        match cfg.cpu_tier_connector {
+            OffloadConnector::Offloading if eagle_drop && flagged => Err(SimError::Config(
+                "a CPU tier with EAGLE-style speculation's block drop is not simulated".into(),
+            )),
+            OffloadConnector::SimpleCpu if !cfg.spec.groups.iter().any(|g| g.kind.is_full()) => {
+                Err(SimError::Config(
+                    "the SimpleCPUOffloadConnector needs a full-attention group".into(),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The tier `cfg` asks for beside the device cache `kv`, if any.
+    pub fn for_engine(cfg: &EngineConfig, kv: &KvCache) -> Option<Tier> {
+        (cfg.cpu_tier_slots > 0).then(|| match cfg.cpu_tier_connector {
+            OffloadConnector::Offloading => Tier::Offloading(CpuTier::new(
+                cfg.cpu_tier_slots,
+                &cfg.spec,
+                kv.params.hash_block,
+                cfg.worker.clone(),
+                cfg.dp_rank,
+            )),
+            OffloadConnector::SimpleCpu => Tier::SimpleCpu(SimpleCpuTier::new(
+                u32::try_from(cfg.cpu_tier_slots).unwrap_or(u32::MAX),
+                kv,
+                cfg.engine,
+                cfg.worker.clone(),
+                cfg.dp_rank,
+            )),
+        })
+    }
+
     /// The tokens beyond the device hit `local` the tier serves a request of `n` tokens, and
     /// (the `SimpleCPUOffloadConnector`'s) the CPU blocks its load reads.
     pub fn hit(
