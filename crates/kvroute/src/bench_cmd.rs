@@ -14,7 +14,9 @@ use std::time::Duration;
 #[derive(Args)]
 pub struct BenchArgs {
     /// Where to send requests: a URL (kvroute, SMG, vllm-router, vLLM, a simulated worker), or
-    /// kvroute:POLICY (an in-process gateway on a fresh --fleet). Repeat for a side-by-side table.
+    /// kvroute:POLICY (an in-process gateway on a fresh --fleet), or kvroute:POLICY/PpDd (the
+    /// fleet split into P prefill and D decode workers, e.g. kvroute:hybrid-aware/2p2d, served
+    /// in two legs). Repeat for a side-by-side table.
     #[arg(long = "target", required = true)]
     targets: Vec<String>,
     /// The model name to request (default: the fleet's preset, else the target's first model).

@@ -2,14 +2,20 @@
 //! demo` and `kvroute bench --fleet` run each policy on.
 //!
 //! Owns: [`SimGateway`] (fresh simulated workers publishing real ZMQ events, the gateway
-//! subscribed to every one, its URL) and the choice of cost model for simulated time.
+//! subscribed to every one, its URL), the fleet's layout (every worker serving requests whole,
+//! or [`PdLayout`]: prefill workers that are NixlConnector KV producers and decode workers that
+//! are KV consumers, with the gateway's worker roles to match) and the choice of cost model for
+//! simulated time.
 //! Invariants: every start is a fresh fleet (no policy inherits another's cache); the gateway
-//! connects to the workers' bound event sockets; a fleet simulated faster than real time ranks
-//! by the token cost unless told otherwise (the gateway learns TTFT from its own clock, which
-//! cannot see a compressed engine's prefill).
+//! connects to the workers' bound event sockets; a disaggregated layout has at least one worker
+//! of each role and as many workers in all as an aggregated one; a fleet simulated faster than
+//! real time ranks by the token cost unless told otherwise (the gateway learns TTFT from its own
+//! clock, which cannot see a compressed engine's prefill).
 //! Must not: send requests (callers do).
 
-use crate::gateway::config::{CostModel, GatewayConfig, KvEventsSpec, PolicyWeights, WorkerSpec};
+use crate::gateway::config::{
+    CostModel, GatewayConfig, KvEventsSpec, PolicyWeights, Role, WorkerSpec,
+};
 use crate::gateway::policy::PolicyKind;
 use crate::gateway::{Gateway, GatewayHandle};
 use anyhow::Result;
@@ -24,6 +30,40 @@ pub struct FleetShape {
     pub blocks: usize,
     /// Simulated seconds per wall second.
     pub speedup: f64,
+    /// Prefill and decode pools (`None`: every worker serves requests whole).
+    pub pd: Option<PdLayout>,
+}
+
+/// A disaggregated fleet: `prefill` KV producers and `decode` KV consumers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PdLayout {
+    pub prefill: usize,
+    pub decode: usize,
+}
+
+impl PdLayout {
+    /// `PpDd` (e.g. `2p2d`, `1p3d`), each count at least 1.
+    pub fn parse(s: &str) -> Result<PdLayout> {
+        let bad = || anyhow::anyhow!("layout {s:?}: expected PpDd with P, D ≥ 1 (e.g. 2p2d)");
+        let (p, d) = s.split_once('p').ok_or_else(bad)?;
+        let d = d.strip_suffix('d').ok_or_else(bad)?;
+        let (prefill, decode) = (
+            p.parse::<usize>().map_err(|_| bad())?,
+            d.parse::<usize>().map_err(|_| bad())?,
+        );
+        if prefill == 0 || decode == 0 {
+            return Err(bad());
+        }
+        Ok(PdLayout { prefill, decode })
+    }
+
+    pub fn label(self) -> String {
+        format!("{}p{}d", self.prefill, self.decode)
+    }
+
+    pub fn workers(self) -> usize {
+        self.prefill + self.decode
+    }
 }
 
 pub struct SimGateway {
@@ -59,19 +99,54 @@ pub fn cost_for(speedup: f64, asked: Option<CostModel>) -> CostModel {
     }
 }
 
+/// Starts the simulated workers of `shape`, with each one's gateway role: `w0…` serving
+/// whole, or `p0…` KV producers then `d0…` KV consumers.
+async fn start_fleet(shape: &FleetShape) -> Result<(kvroute_sim::Fleet, Vec<Role>)> {
+    let mut cfg = kvroute_sim::WorkerConfig::for_preset(&shape.preset)?;
+    cfg.speedup = shape.speedup;
+    if shape.blocks > 0 {
+        cfg.engine.num_blocks = shape.blocks as u32;
+    }
+    let Some(pd) = shape.pd else {
+        let fleet =
+            kvroute_sim::Fleet::start(kvroute_sim::FleetOptions::new(cfg, shape.workers)).await?;
+        return Ok((fleet, vec![Role::Both; shape.workers]));
+    };
+    if pd.workers() != shape.workers {
+        anyhow::bail!(
+            "layout {} has {} workers, the fleet {}",
+            pd.label(),
+            pd.workers(),
+            shape.workers
+        );
+    }
+    let mut workers = Vec::with_capacity(pd.workers());
+    let mut roles = Vec::with_capacity(pd.workers());
+    for (prefix, n, kv_role, role) in [
+        ("p", pd.prefill, "kv_producer", Role::Prefill),
+        ("d", pd.decode, "kv_consumer", Role::Decode),
+    ] {
+        let mut c = cfg.clone();
+        c.kv_transfer = Some(
+            format!(r#"{{"kv_connector": "NixlConnector", "kv_role": "{kv_role}"}}"#)
+                .parse()
+                .map_err(|e| anyhow::anyhow!("kv_transfer_config: {e}"))?,
+        );
+        let mut opts = kvroute_sim::FleetOptions::new(c, n);
+        opts.name_prefix = prefix.into();
+        workers.extend(kvroute_sim::Fleet::start(opts).await?.workers);
+        roles.extend(std::iter::repeat_n(role, n));
+    }
+    Ok((kvroute_sim::Fleet { workers }, roles))
+}
+
 /// Starts a fresh fleet and a gateway with `policy` and `weights` in front of it.
 pub async fn start(
     shape: &FleetShape,
     policy: PolicyKind,
     weights: PolicyWeights,
 ) -> Result<SimGateway> {
-    let mut cfg = kvroute_sim::WorkerConfig::for_preset(&shape.preset)?;
-    cfg.speedup = shape.speedup;
-    if shape.blocks > 0 {
-        cfg.engine.num_blocks = shape.blocks as u32;
-    }
-    let fleet =
-        kvroute_sim::Fleet::start(kvroute_sim::FleetOptions::new(cfg, shape.workers)).await?;
+    let (fleet, roles) = start_fleet(shape).await?;
     let mut g = GatewayConfig {
         listen: "127.0.0.1:0".parse()?,
         admin_listen: "127.0.0.1:0".parse()?,
@@ -80,8 +155,9 @@ pub async fn start(
         weights,
         ..GatewayConfig::default()
     };
-    for w in &fleet.workers {
+    for (w, role) in fleet.workers.iter().zip(roles) {
         let mut spec = WorkerSpec::new(&w.name, &w.base_url, &shape.preset);
+        spec.role = role;
         spec.kv_events = Some(KvEventsSpec {
             endpoint: w.zmq.first().map(|e| as_wildcard(e)).unwrap_or_default(),
             replay_endpoint: w.replay.first().map(|e| as_wildcard(e)),

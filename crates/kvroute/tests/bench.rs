@@ -371,3 +371,58 @@ async fn a_gateway_that_strips_usage_is_still_measured_by_the_engine() {
     // The second request reuses the first's two full blocks below its last token.
     assert_eq!((r.prompt_tokens, r.cached_tokens), (96, 32));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_layout_is_benched_beside_the_aggregated_fleet_on_one_clock() {
+    let dir = std::env::temp_dir().join(format!("kvroute-bench-pd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("tiny.jsonl");
+    // The hand-computed trace of the first test: 224 prompt tokens, 112 of them reusable.
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [7, 8]}\n\
+         {\"timestamp\": 400, \"input_length\": 1536, \"output_length\": 2, \"hash_ids\": [7, 8, 9]}\n\
+         {\"timestamp\": 800, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [7, 8]}\n",
+    )
+    .unwrap();
+    let opts = BenchOptions {
+        targets: vec![
+            Target::parse("kvroute:hybrid-aware").unwrap(),
+            Target::parse("kvroute:hybrid-aware/1p1d").unwrap(),
+        ],
+        fleet: Some(kvroute::bench::FleetSpec::parse("llama,2,0").unwrap()),
+        trace: Some(trace),
+        tokens_per_block: 32,
+        block_size: Some(16),
+        speedup: 10.0,
+        progress: false,
+        ..BenchOptions::default()
+    };
+    let reports = kvroute::bench::run(opts).await.unwrap();
+    assert_eq!(reports.len(), 2);
+    for r in &reports {
+        assert_eq!((r.requests, r.failed), (3, 0), "{}", r.target);
+        // One clock for the table: the decode engine's own TTFT would leave out the prefill leg.
+        assert_eq!(r.ttft_source, "client", "{}", r.target);
+        assert!(r.ttft_p50_ms > 0.0, "{}", r.target);
+    }
+    let pd = &reports[1];
+    assert_eq!(pd.target, "kvroute:hybrid-aware/1p1d");
+    // Every prompt is computed on the one prefill worker, whose hits the decode worker reports.
+    assert_eq!((pd.prompt_tokens, pd.cached_tokens), (224, 112));
+    assert!(
+        pd.per_worker.keys().all(|w| w.starts_with('d')),
+        "the decode worker answers: {:?}",
+        pd.per_worker
+    );
+    // A layout that does not add up to the fleet is refused before anything starts.
+    let wrong = BenchOptions {
+        targets: vec![Target::parse("kvroute:hybrid-aware/2p2d").unwrap()],
+        fleet: Some(kvroute::bench::FleetSpec::parse("llama,2,0").unwrap()),
+        workload: Some("shared-prefix".into()),
+        progress: false,
+        ..BenchOptions::default()
+    };
+    let err = kvroute::bench::run(wrong).await.unwrap_err().to_string();
+    assert!(err.contains("2p2d"), "{err}");
+}

@@ -3,14 +3,17 @@
 //! reports reuse against the arrival-time oracle, TTFT, inter-token and end-to-end latency and
 //! throughput, one target beside the other.
 //!
-//! Owns: [`BenchOptions`], [`Target`] (a URL, or `kvroute:POLICY`: an in-process gateway on a
-//! fresh simulated fleet that `--fleet PRESET,N,BLOCKS` describes), the per-target runs
+//! Owns: [`BenchOptions`], [`Target`] (a URL, or `kvroute:POLICY[/PpDd]`: an in-process gateway
+//! on a fresh simulated fleet that `--fleet PRESET,N,BLOCKS` describes, every worker serving
+//! whole or, with `/PpDd`, P prefill and D decode workers), the per-target runs
 //! (targets interleaved across `--repeat` rounds, every `kvroute:` run on a fresh fleet), and
 //! the outputs (table, JSON, requests log, plot).
 //! Invariants: every target sees the same workload with the same schedule; a URL target is
 //! used as it is (the caller starts what is behind it fresh, as `bench/peers.sh` does);
 //! simulated fleets run engine time × `speedup`, so the schedule, the engine and the reported
-//! times share one clock.
+//! times share one clock; when any target is disaggregated every target is timed by the
+//! client (the decode engine's own TTFT would leave out the prefill leg), so the table compares
+//! one clock.
 //! Must not: tune the workload or the targets to one another.
 
 pub mod client;
@@ -19,7 +22,7 @@ pub mod report;
 pub mod workload;
 
 use crate::gateway::policy::PolicyKind;
-use crate::simfleet::{self, FleetShape, SimGateway};
+use crate::simfleet::{self, FleetShape, PdLayout, SimGateway};
 use anyhow::{bail, Context, Result};
 use client::{Api, ClientOptions, PromptFormat};
 use report::TargetReport;
@@ -30,17 +33,25 @@ use std::time::Duration;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Target {
     Url(String),
-    /// A kvroute gateway with this policy, in process, in front of a fresh simulated fleet.
-    Kvroute(PolicyKind),
+    /// A kvroute gateway with this policy, in process, in front of a fresh simulated fleet:
+    /// every worker serving whole, or split into prefill and decode pools.
+    Kvroute(PolicyKind, Option<PdLayout>),
 }
 
 impl Target {
     pub fn parse(s: &str) -> Result<Target> {
-        if let Some(p) = s.strip_prefix("kvroute:") {
+        if let Some(rest) = s.strip_prefix("kvroute:") {
+            let (p, layout) = match rest.split_once('/') {
+                Some((p, l)) => (
+                    p,
+                    Some(PdLayout::parse(l).map_err(|e| anyhow::anyhow!("--target {s}: {e}"))?),
+                ),
+                None => (rest, None),
+            };
             let policy: PolicyKind = p
                 .parse()
                 .map_err(|e| anyhow::anyhow!("--target {s}: {e}"))?;
-            return Ok(Target::Kvroute(policy));
+            return Ok(Target::Kvroute(policy, layout));
         }
         if s.starts_with("http://") || s.starts_with("https://") {
             return Ok(Target::Url(s.trim_end_matches('/').to_string()));
@@ -51,7 +62,8 @@ impl Target {
     pub fn label(&self) -> String {
         match self {
             Target::Url(u) => u.clone(),
-            Target::Kvroute(p) => format!("kvroute:{}", p.name()),
+            Target::Kvroute(p, None) => format!("kvroute:{}", p.name()),
+            Target::Kvroute(p, Some(l)) => format!("kvroute:{}/{}", p.name(), l.label()),
         }
     }
 }
@@ -170,6 +182,7 @@ async fn start_kvroute(
     o: &BenchOptions,
     fleet: &FleetSpec,
     policy: PolicyKind,
+    pd: Option<PdLayout>,
 ) -> Result<SimGateway> {
     let mut weights = crate::gateway::config::PolicyWeights::default();
     if let Some(l) = o.lambda {
@@ -193,6 +206,7 @@ async fn start_kvroute(
         workers: fleet.workers,
         blocks: fleet.blocks,
         speedup: o.speedup,
+        pd,
     };
     simfleet::start(&shape, policy, weights).await
 }
@@ -232,8 +246,22 @@ fn validate(o: &BenchOptions) -> Result<()> {
     if o.targets.is_empty() {
         bail!("give at least one --target (a URL, or kvroute:POLICY with --fleet)");
     }
-    if o.targets.iter().any(|t| matches!(t, Target::Kvroute(_))) && o.fleet.is_none() {
+    if o.targets.iter().any(|t| matches!(t, Target::Kvroute(..))) && o.fleet.is_none() {
         bail!("kvroute:POLICY targets need --fleet PRESET,WORKERS,BLOCKS");
+    }
+    if let Some(f) = &o.fleet {
+        for t in &o.targets {
+            if let Target::Kvroute(_, Some(l)) = t {
+                if l.workers() != f.workers {
+                    bail!(
+                        "--target {}: {} workers, but --fleet has {}",
+                        t.label(),
+                        l.workers(),
+                        f.workers
+                    );
+                }
+            }
+        }
     }
     if o.api == Api::Chat && o.prompt_format == PromptFormat::Tokens {
         bail!("--api chat sends text: use --prompt-format text");
@@ -288,6 +316,10 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
             .map(|f| format!(", fleet {} × {} (blocks {})", f.workers, f.preset, f.blocks))
             .unwrap_or_default()
     );
+    let client_clock = o
+        .targets
+        .iter()
+        .any(|t| matches!(t, Target::Kvroute(_, Some(_))));
     let mut per_target: Vec<Vec<TargetReport>> = vec![Vec::new(); o.targets.len()];
     let mut log = Vec::new();
     for round in 0..rounds {
@@ -295,9 +327,9 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
             bar.set_message(t.label());
             let (url, running, time_scale) = match t {
                 Target::Url(u) => (u.clone(), None, o.time_scale),
-                Target::Kvroute(p) => {
+                Target::Kvroute(p, pd) => {
                     let f = o.fleet.as_ref().context("kvroute targets need --fleet")?;
-                    let r = start_kvroute(&o, f, *p).await?;
+                    let r = start_kvroute(&o, f, *p, *pd).await?;
                     (r.url.clone(), Some(r), o.speedup)
                 }
             };
@@ -320,7 +352,7 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
                 max_requests: o.max_requests,
                 duration: o.duration,
                 request_timeout: o.request_timeout,
-                explain: matches!(t, Target::Kvroute(_)),
+                explain: matches!(t, Target::Kvroute(..)),
             };
             let engines = matches!(t, Target::Url(_)) && !o.engine_urls.is_empty();
             let marks = if engines {
@@ -340,6 +372,11 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
             }
             if let Some(r) = running {
                 r.stop().await;
+            }
+            if client_clock {
+                for oc in &mut outcomes {
+                    (oc.engine_ttft_s, oc.engine_e2e_s) = (None, None);
+                }
             }
             let rep = report::summarize(&t.label(), &w.name, &outcomes, block, wall, time_scale);
             if o.requests_log.is_some() {
@@ -436,9 +473,28 @@ mod tests {
         );
         assert_eq!(
             Target::parse("kvroute:group-blind").unwrap(),
-            Target::Kvroute(PolicyKind::GroupBlind)
+            Target::Kvroute(PolicyKind::GroupBlind, None)
         );
-        assert!(Target::parse("kvroute:nope").is_err());
+        let pd = Target::parse("kvroute:hybrid-aware/1p3d").unwrap();
+        assert_eq!(
+            pd,
+            Target::Kvroute(
+                PolicyKind::HybridAware,
+                Some(PdLayout {
+                    prefill: 1,
+                    decode: 3
+                })
+            )
+        );
+        assert_eq!(pd.label(), "kvroute:hybrid-aware/1p3d");
+        for bad in [
+            "kvroute:nope",
+            "kvroute:hybrid-aware/0p4d",
+            "kvroute:hybrid-aware/2p",
+            "kvroute:hybrid-aware/xpyd",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
         assert!(Target::parse("h:1").is_err());
         let f = FleetSpec::parse("qwen3-next,4,1000").unwrap();
         assert_eq!(

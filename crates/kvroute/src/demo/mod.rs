@@ -214,6 +214,7 @@ async fn run_policy(
         workers: opts.workers,
         blocks: opts.blocks,
         speedup: opts.speedup,
+        pd: None,
     };
     let gw = crate::simfleet::start(&shape, policy, weights).await?;
     let model = opts.preset.clone();

@@ -1,7 +1,8 @@
 //! Disaggregated prefill and decode through the gateway, over real sockets: simulated prefill
 //! workers (KV producers) and decode workers (KV consumers) speaking vLLM's NixlConnector
 //! protocol, the gateway running both legs, streaming and not, a broken prefill worker retried,
-//! the decode choice following load, and both legs' cached tokens against the predictions.
+//! a prefill worker dying with the request (or hanging) retried on the next, the decode choice
+//! following load, and both legs' cached tokens against the predictions.
 
 use crate::common;
 
@@ -196,6 +197,53 @@ async fn a_prefill_worker_that_is_no_kv_producer_is_passed_over_for_the_next() {
         "the broken worker's legs were retried: {metrics}"
     );
     gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_worker_that_dies_with_the_request_or_hangs_is_retried_on_the_next() {
+    use crate::worker_faults::{faulty_engine, Fault};
+    for fault in [Fault::Reset, Fault::Hang] {
+        // "a-dead" takes the prefill leg and closes the connection without an answer (a
+        // process that died with the request) or never answers; it sorts first, so with equal
+        // costs it is tried first. The leg fails before any byte reached the client, so it is
+        // retried on "q0", and the decode leg then pulls from "q0".
+        let (dead_url, hits) = faulty_engine(fault).await;
+        let good = pool("q", 1, Some("kv_producer")).await;
+        let d = pool("d", 1, Some("kv_consumer")).await;
+        let mut dead = WorkerSpec::new("a-dead", &dead_url, PRESET);
+        dead.role = Role::Prefill;
+        let mut cfg = common::gateway_config(vec![
+            dead,
+            spec(&good.workers[0], Role::Prefill),
+            spec(&d.workers[0], Role::Decode),
+        ]);
+        cfg.weights.cost = CostModel::Tokens;
+        cfg.request_timeout_secs = 1.0;
+        let gw = Gateway::start(cfg).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for i in 0..4u32 {
+            let r = complete(
+                &gw,
+                json!({"model": PRESET, "prompt": prompt(700 + i, 300), "max_tokens": 3,
+                       "stream": i % 2 == 1}),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{fault:?}, request {i}: {}", r.decision);
+            assert_eq!(r.decision["prefill"]["worker"], "q0", "{fault:?}");
+            assert_eq!(r.decision["worker"], "d0", "{fault:?}");
+            settle().await;
+        }
+        assert!(
+            hits.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+            "{fault:?}: the dead worker took a leg"
+        );
+        let metrics = common::admin_metrics(&gw).await;
+        assert!(
+            metrics.contains("kvroute_retries_total{worker=\"a-dead\"}"),
+            "{fault:?}: the dead worker's legs were retried: {metrics}"
+        );
+        gw.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

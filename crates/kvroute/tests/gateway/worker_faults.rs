@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 const PRESET: &str = "tiny-gemma3";
 
 #[derive(Clone, Copy, Debug)]
-enum Fault {
+pub(crate) enum Fault {
     /// Reads the request and never answers.
     Hang,
     /// Reads the request and closes the connection.
@@ -32,7 +32,7 @@ enum Fault {
 
 /// A raw-TCP engine with one fault on its completions; `GET`s (health, metrics) answer 200.
 /// Returns its URL and how many completions it took.
-async fn faulty_engine(fault: Fault) -> (String, Arc<AtomicU64>) {
+pub(crate) async fn faulty_engine(fault: Fault) -> (String, Arc<AtomicU64>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());
     let hits = Arc::new(AtomicU64::new(0));
