@@ -49,13 +49,11 @@ async fn sim_worker(preset: &str) -> kvroute_sim::Fleet {
         .unwrap()
 }
 
-#[tokio::test]
-async fn the_report_equals_hand_computed_figures_on_a_tiny_trace() {
-    let sims = sim_worker("llama").await;
-    let dir = std::env::temp_dir().join(format!("kvroute-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// Three requests of a Mooncake trace in `dir`: 32 tokens per block id (llama hashes 16-token
+/// blocks), the second and third sharing the first's two blocks.
+fn tiny_trace(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
     let trace = dir.join("tiny.jsonl");
-    // 32 tokens per block id; llama hashes 16-token blocks.
     std::fs::write(
         &trace,
         "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [7, 8]}\n\
@@ -63,6 +61,14 @@ async fn the_report_equals_hand_computed_figures_on_a_tiny_trace() {
          {\"timestamp\": 800, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [7, 8]}\n",
     )
     .unwrap();
+    trace
+}
+
+#[tokio::test]
+async fn the_report_equals_hand_computed_figures_on_a_tiny_trace() {
+    let sims = sim_worker("llama").await;
+    let dir = std::env::temp_dir().join(format!("kvroute-bench-{}", std::process::id()));
+    let trace = tiny_trace(&dir);
     let json = dir.join("out.json");
     let opts = BenchOptions {
         targets: vec![Target::Url(sims.workers[0].base_url.clone())],
@@ -374,17 +380,9 @@ async fn a_gateway_that_strips_usage_is_still_measured_by_the_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_layout_is_benched_beside_the_aggregated_fleet_on_one_clock() {
-    let dir = std::env::temp_dir().join(format!("kvroute-bench-pd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("tiny.jsonl");
     // The hand-computed trace of the first test: 224 prompt tokens, 112 of them reusable.
-    std::fs::write(
-        &trace,
-        "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [7, 8]}\n\
-         {\"timestamp\": 400, \"input_length\": 1536, \"output_length\": 2, \"hash_ids\": [7, 8, 9]}\n\
-         {\"timestamp\": 800, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [7, 8]}\n",
-    )
-    .unwrap();
+    let trace =
+        tiny_trace(&std::env::temp_dir().join(format!("kvroute-bench-pd-{}", std::process::id())));
     let opts = BenchOptions {
         targets: vec![
             Target::parse("kvroute:hybrid-aware").unwrap(),
