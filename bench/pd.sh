@@ -10,8 +10,9 @@
 # every layout and workload: a fresh fleet of `kvroute sim-worker` processes (real ZMQ events,
 # real HTTP; decode workers pull the prefill workers' KV over the simulator's side channel,
 # `kv_transfer_token_s` a token), `kvroute serve` with the workers' roles, and `kvroute bench`
-# against it. TTFT is the client's wall time (the engines' own clock would miss one of the two
-# legs). Results: one JSON per run under $OUT (default bench/out/pd/) and a table on stdout.
+# against it. Every figure is the client's wall time (an engine's own clock would miss one of
+# the two legs). `kvroute bench --fleet P,4,B --target kvroute:POLICY/2p2d` runs the same
+# comparison in one process. Results: one JSON per run under $OUT (default bench/out/pd/) and a table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,7 +98,7 @@ for rep in $(seq 1 "$REPEAT"); do
       wait_http "http://127.0.0.1:18080/v1/models" 60
       sleep 2
       "$KV" bench --target http://127.0.0.1:18080 --model "$PRESET" --workload "$wl" \
-        --rate "$(rate "$wl")" --max-requests "$REQUESTS" --speedup 1 --timeout 120 --quiet \
+        --rate "$(rate "$wl")" --max-requests "$REQUESTS" --speedup 1 --timeout 120 --quiet --client-clock \
         --json "$json" | sed -n 2p
       cleanup
       sleep 1

@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// --speedup S): client-measured times are multiplied by it.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Time every request by the client's clock (× --time-scale), even when the engine reports
+    /// its own times: behind a disaggregated pool the decode engine's clock leaves out the
+    /// prefill leg (kvroute:POLICY/PpDd targets imply it).
+    #[arg(long)]
+    client_clock: bool,
     /// Runs per target (targets interleaved, fresh fleets); the table shows means and ranges.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -159,6 +164,7 @@ impl BenchArgs {
             api,
             block_size: self.block_size,
             time_scale: self.time_scale,
+            client_clock: self.client_clock,
             repeat: self.repeat,
             request_timeout: positive_secs(self.timeout, "--timeout")?,
             json: self.json,

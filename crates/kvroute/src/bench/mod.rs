@@ -11,9 +11,9 @@
 //! Invariants: every target sees the same workload with the same schedule; a URL target is
 //! used as it is (the caller starts what is behind it fresh, as `bench/peers.sh` does);
 //! simulated fleets run engine time × `speedup`, so the schedule, the engine and the reported
-//! times share one clock; when any target is disaggregated every target is timed by the
-//! client (the decode engine's own TTFT would leave out the prefill leg), so the table compares
-//! one clock.
+//! times share one clock; when any target is disaggregated (or `client_clock` asks) every
+//! target is timed by the client (the decode engine's own times would leave out the prefill
+//! leg), so the table compares one clock.
 //! Must not: tune the workload or the targets to one another.
 
 pub mod client;
@@ -118,6 +118,9 @@ pub struct BenchOptions {
     pub block_size: Option<usize>,
     /// Engine seconds per wall second of a URL target (client times are multiplied by it).
     pub time_scale: f64,
+    /// Every target timed by the client's clock, whatever the engines report (implied when a
+    /// target is disaggregated).
+    pub client_clock: bool,
     pub repeat: usize,
     pub request_timeout: Duration,
     pub json: Option<PathBuf>,
@@ -161,6 +164,7 @@ impl Default for BenchOptions {
             api: Api::Completions,
             block_size: None,
             time_scale: 1.0,
+            client_clock: false,
             repeat: 1,
             request_timeout: Duration::from_secs(600),
             json: None,
@@ -316,10 +320,10 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
             .map(|f| format!(", fleet {} × {} (blocks {})", f.workers, f.preset, f.blocks))
             .unwrap_or_default()
     );
-    let client_clock = o
-        .targets
-        .iter()
-        .any(|t| matches!(t, Target::Kvroute(_, Some(_))));
+    let client_clock = o.client_clock
+        || o.targets
+            .iter()
+            .any(|t| matches!(t, Target::Kvroute(_, Some(_))));
     let mut per_target: Vec<Vec<TargetReport>> = vec![Vec::new(); o.targets.len()];
     let mut log = Vec::new();
     for round in 0..rounds {
