@@ -1,12 +1,12 @@
 """The peer matrix as a Markdown table, from the JSON files bench/peers.sh wrote.
 
-    python3 bench/matrix.py bench/out
+    python3 bench/matrix.py bench/out [bench/out/MORE ...]
 
 One row per cell (workload.preset.pool.load) and router: reuse, the arrival-time oracle, TTFT
 p50/p99 (engine time), inter-token latency and end-to-end latency p50 (client time),
-failures, as means over the repeated runs with their range; then, per cell, kvroute
-hybrid-aware against the best peer (SMG and vllm-router policies). Writes the table to
-OUT/matrix.md too.
+failures, as means over the repeated runs with their range (the runs of every directory
+given); then, per cell, kvroute hybrid-aware against the best peer (SMG and vllm-router
+policies). Writes the table to the first directory's matrix.md too.
 """
 import collections
 import json
@@ -18,9 +18,9 @@ PEERS = ("smg-cache", "vr-cache", "vr-kv")
 ORDER = ("kvroute-hybrid", "kvroute-blind", "smg-cache", "vr-cache", "vr-kv", "round-robin")
 
 
-def load(out):
+def load(outs):
     runs = collections.defaultdict(list)
-    for p in sorted(pathlib.Path(out).glob("*.json")):
+    for p in sorted(q for out in outs for q in pathlib.Path(out).glob("*.json")):
         parts = p.name.split(".")
         if len(parts) < 7:
             continue
@@ -58,8 +58,8 @@ def busiest(rs):
     return f"{statistics.fmean(shares) * 100:.0f} %" if shares else "–"
 
 
-def main(out):
-    runs = load(out)
+def main(outs):
+    runs = load(outs)
     cells = sorted({c for c, _ in runs})
     lines = ["| cell | router | runs | reuse % | oracle % | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | e2e p50 ms | req/s | busiest worker | failed |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -93,9 +93,9 @@ def main(out):
             f"| {mean(k, 'e2e_ms.p50') / best_e2e:.2f} "
             f"| {(mean(k, 'reuse') - best_reuse) * 100:+.1f} | {mean(k, 'reuse') / oracle * 100 if oracle else 0:.0f} % | {hb} |")
     text = "\n".join(lines + verdicts) + "\n"
-    (pathlib.Path(out) / "matrix.md").write_text(text)
+    (pathlib.Path(outs[0]) / "matrix.md").write_text(text)
     print(text)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/out")
+    main(sys.argv[1:] or ["bench/out"])
