@@ -42,6 +42,8 @@ KV=target/release/kvroute
 # Sessions per second: the peer matrix's low load (docs/routing.md), where neither layout
 # saturates, so what differs is the path a request takes.
 rate() { case "$1" in multi-turn) echo 2.8 ;; shared-prefix) echo 10 ;; agentic) echo 0.8 ;; *) echo 3 ;; esac; }
+# The hit unit (vLLM's alignment) of the preset: the oracle's block.
+align() { case "$1" in qwen3-next) echo 544 ;; *) echo 16 ;; esac; }
 # The roles of the four workers of a layout.
 roles() {
   case "$1" in
@@ -98,7 +100,7 @@ for rep in $(seq 1 "$REPEAT"); do
       wait_http "http://127.0.0.1:18080/v1/models" 60
       sleep 2
       "$KV" bench --target http://127.0.0.1:18080 --model "$PRESET" --workload "$wl" \
-        --rate "$(rate "$wl")" --max-requests "$REQUESTS" --speedup 1 --timeout 120 --quiet --client-clock \
+        --rate "$(rate "$wl")" --max-requests "$REQUESTS" --speedup 1 --timeout 120 --quiet --client-clock --block-size "$(align "$PRESET")" \
         --json "$json" | sed -n 2p
       cleanup
       sleep 1
