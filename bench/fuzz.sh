@@ -6,6 +6,8 @@
 # and `ft`) and findings (crash files). FUZZ_NICE=N runs it at that niceness. FUZZ_CLOCK=cpu
 # makes SECONDS the fuzzer's own CPU seconds instead of wall seconds (for runs beside other work:
 # the fuzzer is interrupted, and prints its final stats, once it has used that much CPU).
+# FUZZ_TIMEOUT=S is libFuzzer's per-input limit in wall seconds (default 10); a fuzzer at a low
+# priority beside busy work needs more, or a starved input is reported as a timeout.
 # Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). See docs/reliability.md.
 #   bench/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
@@ -86,7 +88,7 @@ for t in "${targets[@]}"; do
   wall=$secs
   [ "${FUZZ_CLOCK:-wall}" = cpu ] && wall=$((secs * 50))
   cpu=$( { time ( (cd "$d" && nice -n "${FUZZ_NICE:-0}" cargo +nightly fuzz run "$t" -- \
-      -max_total_time="$wall" -max_len=65536 -timeout=10 -print_final_stats=1) >"$log" 2>&1 &
+      -max_total_time="$wall" -max_len=65536 -timeout="${FUZZ_TIMEOUT:-10}" -print_final_stats=1) >"$log" 2>&1 &
       [ "${FUZZ_CLOCK:-wall}" = cpu ] && stop_at_cpu "$t" "$secs" "$!"
       wait || true ); } 2>&1 | awk '{printf "%d", $1 + $2}')
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
