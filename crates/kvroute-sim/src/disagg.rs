@@ -148,6 +148,10 @@ pub struct Remote {
     pub cached_tokens: usize,
     /// The prompt tokens it prefilled.
     pub num_tokens: Option<usize>,
+    /// The prefill leg's engine time in microseconds (`sim_prefill_leg_s`, the simulator's own
+    /// field: arrival at the prefill worker to its answer), when the prefill worker is
+    /// simulated too.
+    pub prefill_leg_us: Option<u64>,
 }
 
 /// What a request's `kv_transfer_params` ask of this worker.
@@ -195,6 +199,11 @@ pub fn ask(body: &Value, cfg: Option<&KvTransfer>) -> Result<Ask, String> {
             request_id: text("remote_request_id")?,
             cached_tokens: count("remote_prefill_cached_tokens").unwrap_or(0),
             num_tokens: count("remote_num_tokens"),
+            prefill_leg_us: p
+                .get("sim_prefill_leg_s")
+                .and_then(Value::as_f64)
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(|s| (s * 1e6).round() as u64),
         }));
     }
     if flag("do_remote_decode") && cfg.role.produces() {
@@ -204,8 +213,10 @@ pub fn ask(body: &Value, cfg: Option<&KvTransfer>) -> Result<Ask, String> {
 }
 
 /// The `kv_transfer_params` a prefill worker answers with, for a request `request_id` whose
-/// `prompt_tokens` it computed with `cached` of them from its cache; `side_channel` is its
-/// `host:port`.
+/// `prompt_tokens` it computed with `cached` of them from its cache in `leg_s` seconds of
+/// engine time (arrival to answer); `side_channel` is its `host:port`. Beside vLLM's keys, the
+/// simulator's own `sim_prefill_leg_s` carries `leg_s` to the decode worker, which reports it
+/// (`sim.prefill_leg_s`) so that a client can time both legs on the engines' clock.
 pub fn producer_params(
     cfg: &KvTransfer,
     request_id: &str,
@@ -213,6 +224,7 @@ pub fn producer_params(
     prompt_tokens: usize,
     cached: usize,
     block_size: usize,
+    leg_s: f64,
 ) -> Value {
     let (host, port) = match side_channel.rsplit_once(':') {
         Some((h, p)) => (h.to_string(), p.parse::<u16>().ok()),
@@ -231,6 +243,7 @@ pub fn producer_params(
         "remote_prefill_cached_tokens": cached,
         "tp_size": 1,
         "transfer_mode": "pull",
+        "sim_prefill_leg_s": leg_s,
     })
 }
 
@@ -317,7 +330,7 @@ mod tests {
         assert_eq!(ask(&decode_me, Some(&p)), Ok(Ask::PrefillForRemote));
         assert_eq!(ask(&decode_me, Some(&c)), Ok(Ask::Local));
         assert_eq!(ask(&decode_me, None), Ok(Ask::Local));
-        let answer = producer_params(&p, "cmpl-1", "127.0.0.1:8100", 100, 32, 16);
+        let answer = producer_params(&p, "cmpl-1", "127.0.0.1:8100", 100, 32, 16, 0.25);
         assert_eq!(answer["remote_port"], 8100);
         assert_eq!(answer["remote_block_ids"][0].as_array().unwrap().len(), 7);
         let from_remote = json!({"kv_transfer_params": answer});
@@ -326,6 +339,7 @@ mod tests {
                 assert_eq!((r.host.as_str(), r.port), ("127.0.0.1", 8100));
                 assert_eq!((r.cached_tokens, r.num_tokens), (32, Some(100)));
                 assert_eq!(r.request_id, "cmpl-1");
+                assert_eq!(r.prefill_leg_us, Some(250_000));
             }
             other => panic!("{other:?}"),
         }

@@ -563,6 +563,10 @@ async fn serve(
         include_usage: c.include_usage,
         return_token_ids: c.return_token_ids.then_some(prompt_ids),
         producer,
+        prefill_leg_s: match &ask {
+            Ask::DecodeFromRemote(r) => r.prefill_leg_us.map(|us| us as f64 / 1e6),
+            _ => None,
+        },
     };
     let _ = c.max_tokens;
     if c.stream {
@@ -582,6 +586,8 @@ struct Meta {
     return_token_ids: Option<Vec<u32>>,
     /// A prefill worker's request for a decode worker: its KV is leased when it finishes.
     producer: Option<Producer>,
+    /// A decode worker's request from a simulated prefill worker: that leg's engine seconds.
+    prefill_leg_s: Option<f64>,
 }
 
 struct Producer {
@@ -590,14 +596,24 @@ struct Producer {
     worker: Arc<Worker>,
 }
 
-fn sim_extension(sub: &Submission, t: &TokenOut) -> Value {
+/// The simulator's own fields on a final answer: engine seconds to the first and last token
+/// (this worker's: a decode worker's start when the request reached it), and on a decode
+/// worker's answer the prefill leg's engine seconds, so that the two legs add up to a
+/// disaggregated request's time to first token on the engines' clock.
+fn sim_extension(sub: &Submission, t: &TokenOut, prefill_leg_s: Option<f64>) -> Value {
     match &t.finished {
-        Some(f) => json!({
-            "dp_rank": sub.rank,
-            "ttft_s": f.ttft_s,
-            "e2e_s": f.e2e_s,
-            "preemptions": f.preemptions,
-        }),
+        Some(f) => {
+            let mut v = json!({
+                "dp_rank": sub.rank,
+                "ttft_s": f.ttft_s,
+                "e2e_s": f.e2e_s,
+                "preemptions": f.preemptions,
+            });
+            if let Some(p) = prefill_leg_s {
+                v["prefill_leg_s"] = json!(p);
+            }
+            v
+        }
         None => json!({ "dp_rank": sub.rank }),
     }
 }
@@ -648,7 +664,7 @@ async fn whole(mut sub: Submission, meta: Meta) -> Response {
         "model": meta.model,
         "choices": [choice],
         "usage": usage(meta.prompt_len, ids.len(), last.num_cached_tokens),
-        "sim": sim_extension(&sub, &last),
+        "sim": sim_extension(&sub, &last, meta.prefill_leg_s),
     });
     if let Some(p) = meta.return_token_ids {
         body["prompt_token_ids"] = json!(p);
@@ -671,6 +687,7 @@ async fn whole(mut sub: Submission, meta: Meta) -> Response {
             meta.prompt_len,
             last.num_cached_tokens,
             block,
+            last.finished.as_ref().map_or(0.0, |f| f.e2e_s),
         );
     }
     Json(body).into_response()
@@ -730,7 +747,7 @@ fn sse_stream(sub: Submission, meta: Meta) -> impl Stream<Item = Result<SseEvent
             if st.meta.include_usage {
                 c["usage"] = usage(st.meta.prompt_len, st.generated, t.num_cached_tokens);
             }
-            c["sim"] = sim_extension(&st.sub, &t);
+            c["sim"] = sim_extension(&st.sub, &t, st.meta.prefill_leg_s);
             // The receiver ends after the last token; `[DONE]` follows.
         }
         Some((Ok(SseEvent::default().data(c.to_string())), st))

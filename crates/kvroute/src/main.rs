@@ -175,6 +175,11 @@ struct DemoArgs {
     /// far the runs moved.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Disaggregated layouts (`PpDd`, P + D = --workers; comma-separated) to run the first of
+    /// --policies on as well: P prefill workers (NixlConnector KV producers) and D decode
+    /// workers. Their TTFT is both legs' engine time, the KV pull included.
+    #[arg(long, value_delimiter = ',', value_parser = parse_pd_layout)]
+    pd: Vec<kvroute::simfleet::PdLayout>,
     /// Also write the table as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -248,6 +253,10 @@ struct ServeArgs {
     /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish, seconds.
     #[arg(long)]
     shutdown_timeout_secs: Option<f64>,
+}
+
+fn parse_pd_layout(s: &str) -> Result<kvroute::simfleet::PdLayout> {
+    kvroute::simfleet::PdLayout::parse(s)
 }
 
 fn parse_worker(s: &str) -> Result<WorkerSpec> {
@@ -547,6 +556,7 @@ async fn main() -> Result<()> {
                 junction_weight: a.junction_weight,
                 rate: a.rate,
                 repeat: a.repeat,
+                pd: a.pd,
             };
             kvroute::demo::run(opts).await.map(|_| ())
         }

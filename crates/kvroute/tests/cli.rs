@@ -202,7 +202,7 @@ fn an_unreadable_corpus_is_a_clear_error_naming_the_file_and_line() {
 }
 
 #[test]
-fn a_small_demo_prints_the_table_and_writes_json_and_both_plots() {
+fn a_small_demo_prints_the_table_with_a_disaggregated_row_and_writes_json_and_both_plots() {
     let dir = std::env::temp_dir().join(format!("kvroute-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("demo.json");
@@ -219,6 +219,8 @@ fn a_small_demo_prints_the_table_and_writes_json_and_both_plots() {
         "200",
         "--speed",
         "200",
+        "--pd",
+        "2p2d",
         "--quiet",
         "--json",
         &json.display().to_string(),
@@ -231,12 +233,26 @@ fn a_small_demo_prints_the_table_and_writes_json_and_both_plots() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for p in ["hybrid-aware", "group-blind", "round-robin", "least-load"] {
+    for p in [
+        "hybrid-aware",
+        "group-blind",
+        "round-robin",
+        "least-load",
+        "hybrid-aware 2p2d",
+    ] {
         assert!(stdout.contains(p), "{stdout}");
     }
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = v.as_array().unwrap();
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 5);
+    // The disaggregated row ran on the decode pool only (every answer is a decode worker's),
+    // with both legs' engine time in its TTFT.
+    let pd = &rows[4];
+    assert_eq!(pd["policy"], "hybrid-aware 2p2d");
+    let answered: Vec<&String> = pd["per_worker"].as_object().unwrap().keys().collect();
+    assert!(!answered.is_empty(), "{pd}");
+    assert!(answered.iter().all(|w| w.starts_with('d')), "{pd}");
+    assert!(pd["ttft_p50_ms"].as_f64().unwrap() > 0.0, "{pd}");
     for r in rows {
         for k in [
             "reuse",

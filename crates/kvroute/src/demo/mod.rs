@@ -2,11 +2,14 @@
 //! through real HTTP once per policy — the product's case on one screen.
 //!
 //! Owns: the demo's options, the per-policy run (fresh fleet and gateway each time, so no
-//! policy inherits another's cache), the open-loop replay client (streaming requests at the
-//! trace's scaled arrival times, TTFT from the first streamed chunk), the progress bar, and the
-//! outputs (table, JSON, SVG and PNG plot).
+//! policy inherits another's cache; `--pd` layouts split the same number of workers into
+//! prefill and decode pools for one more row each), the open-loop replay client (streaming
+//! requests at the trace's scaled arrival times, TTFT from the engine's own report, both legs'
+//! for a disaggregated request), the progress bar, and the outputs (table, JSON, SVG and PNG
+//! plot).
 //! Invariants: every policy sees the same requests at the same times on identical fresh
-//! fleets; engine-time figures are wall-clock times multiplied by the fleet's speed-up.
+//! fleets; engine-time figures are the simulated engines' own (wall-clock times multiplied by
+//! the fleet's speed-up where an engine reports none).
 //! Must not: tune itself to make one policy win.
 
 pub mod plot;
@@ -49,6 +52,9 @@ pub struct DemoOptions {
     /// Runs per policy (fresh fleet each time, policies interleaved); the table shows means
     /// and the range.
     pub repeat: usize,
+    /// Disaggregated layouts to run beside the aggregated fleet, each with the first policy:
+    /// the same number of workers split into prefill and decode pools.
+    pub pd: Vec<crate::simfleet::PdLayout>,
 }
 
 impl Default for DemoOptions {
@@ -77,6 +83,7 @@ impl Default for DemoOptions {
             junction_weight: 1.0,
             rate: 1.0,
             repeat: 1,
+            pd: Vec::new(),
         }
     }
 }
@@ -116,9 +123,14 @@ async fn one_request(
         .get("x-kvroute-decision")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok());
-    sample.cached_predicted = decision
-        .as_ref()
-        .and_then(|v| v.get("predicted_cached").and_then(|p| p.as_u64()));
+    // A disaggregated request's cached tokens are the prefill leg's (the decode worker reports
+    // the prefill worker's), so its prediction is the prefill decision's.
+    sample.cached_predicted = decision.as_ref().and_then(|v| {
+        v.get("prefill")
+            .unwrap_or(v)
+            .get("predicted_cached")
+            .and_then(|p| p.as_u64())
+    });
     sample.worker = decision
         .as_ref()
         .and_then(|v| v.get("worker").and_then(|w| w.as_str()).map(str::to_string));
@@ -147,17 +159,26 @@ async fn one_request(
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        .filter_map(|v| {
-            v.get("sim")
-                .and_then(|s| s.get("ttft_s"))
-                .and_then(|t| t.as_f64())
-        })
+        .filter_map(|v| v.get("sim").and_then(engine_ttft_s))
         .next_back()
     {
         sample.ttft_ms = t * 1000.0;
     }
     sample.ok = text.contains("[DONE]");
     sample
+}
+
+/// A simulated engine's TTFT in seconds of engine time from its answer's `sim` fields: its own
+/// `ttft_s`, plus, for a disaggregated request, the prefill leg's `prefill_leg_s` (the decode
+/// worker's `ttft_s` starts when the request reached it). The gateway's hops between the legs
+/// are left out, as its hop is for a request served whole.
+fn engine_ttft_s(sim: &serde_json::Value) -> Option<f64> {
+    let own = sim.get("ttft_s")?.as_f64()?;
+    let prefill = sim
+        .get("prefill_leg_s")
+        .and_then(|p| p.as_f64())
+        .unwrap_or(0.0);
+    Some(own + prefill)
 }
 
 /// Replays `requests` through a gateway at `url`; returns samples and the engine-time span.
@@ -196,10 +217,11 @@ async fn replay(
     (samples, start.elapsed().as_secs_f64() * speedup)
 }
 
-/// Runs one policy on a fresh fleet and gateway.
+/// Runs one policy on a fresh fleet (aggregated, or split into `pd`'s pools) and gateway.
 async fn run_policy(
     opts: &DemoOptions,
     policy: PolicyKind,
+    pd: Option<crate::simfleet::PdLayout>,
     requests: &[trace::TraceRequest],
     bar: &indicatif::ProgressBar,
 ) -> Result<(PolicyResult, Vec<Sample>)> {
@@ -214,19 +236,35 @@ async fn run_policy(
         workers: opts.workers,
         blocks: opts.blocks,
         speedup: opts.speedup,
-        pd: None,
+        pd,
     };
     let gw = crate::simfleet::start(&shape, policy, weights).await?;
     let model = opts.preset.clone();
     let url = gw.url.clone();
-    bar.set_message(policy.name());
+    let name = row_name(policy, pd);
+    bar.set_message(name.clone());
     let (samples, engine_seconds) =
         replay(&url, &model, requests, opts.speedup, opts.rate, bar).await;
     gw.stop().await;
-    Ok((
-        report::summarize(policy.name(), &samples, engine_seconds),
-        samples,
-    ))
+    Ok((report::summarize(&name, &samples, engine_seconds), samples))
+}
+
+/// A row's name: the policy, and the layout when disaggregated (`hybrid-aware 2p2d`).
+fn row_name(policy: PolicyKind, pd: Option<crate::simfleet::PdLayout>) -> String {
+    match pd {
+        Some(l) => format!("{} {}", policy.name(), l.label()),
+        None => policy.name().to_string(),
+    }
+}
+
+/// The runs of one round, in table order: every policy on the aggregated fleet, then the first
+/// policy on each disaggregated layout.
+fn runs_of(opts: &DemoOptions) -> Vec<(PolicyKind, Option<crate::simfleet::PdLayout>)> {
+    let mut runs: Vec<_> = opts.policies.iter().map(|p| (*p, None)).collect();
+    if let Some(first) = opts.policies.first() {
+        runs.extend(opts.pd.iter().map(|l| (*first, Some(*l))));
+    }
+    runs
 }
 
 pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
@@ -251,7 +289,21 @@ pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
     };
     let requests = trace::requests(&lines, &shape);
     anyhow::ensure!(!requests.is_empty(), "{origin}: no request selected");
-    let total = requests.len() as u64 * opts.policies.len() as u64 * opts.repeat.max(1) as u64;
+    anyhow::ensure!(
+        opts.pd.is_empty() || !opts.policies.is_empty(),
+        "--pd runs the first of --policies on each layout: give at least one policy"
+    );
+    for l in &opts.pd {
+        anyhow::ensure!(
+            l.workers() == opts.workers,
+            "--pd {}: a layout splits the fleet's {} workers, so P + D must be {}",
+            l.label(),
+            opts.workers,
+            opts.workers
+        );
+    }
+    let plan = runs_of(&opts);
+    let total = requests.len() as u64 * plan.len() as u64 * opts.repeat.max(1) as u64;
     let bar = if opts.progress {
         indicatif::ProgressBar::new(total)
     } else {
@@ -279,14 +331,15 @@ pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
     );
     let requests = Arc::new(requests);
     let rounds = opts.repeat.max(1);
-    let mut runs: Vec<Vec<PolicyResult>> = vec![Vec::new(); opts.policies.len()];
+    let mut runs: Vec<Vec<PolicyResult>> = vec![Vec::new(); plan.len()];
     let mut log = Vec::new();
     for round in 0..rounds {
-        for (p, out) in opts.policies.iter().zip(runs.iter_mut()) {
-            let (result, samples) = run_policy(&opts, *p, &requests, &bar).await?;
+        for ((p, pd), out) in plan.iter().zip(runs.iter_mut()) {
+            let (result, samples) = run_policy(&opts, *p, *pd, &requests, &bar).await?;
             if opts.requests_log.is_some() {
+                let name = row_name(*p, *pd);
                 for s in &samples {
-                    log.extend_from_slice(&report::log_line(p.name(), round, s)?);
+                    log.extend_from_slice(&report::log_line(&name, round, s)?);
                 }
             }
             out.push(result);
@@ -332,5 +385,38 @@ mod fleet {
 
     pub fn vocab(opts: &DemoOptions) -> u32 {
         kvroute_sim::preset(&opts.preset).map_or(32_000, |m| m.vocab_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_disaggregated_requests_engine_ttft_adds_the_prefill_leg() {
+        assert_eq!(engine_ttft_s(&json!({"ttft_s": 0.5})), Some(0.5));
+        assert_eq!(
+            engine_ttft_s(&json!({"ttft_s": 0.25, "prefill_leg_s": 0.5})),
+            Some(0.75)
+        );
+        assert_eq!(engine_ttft_s(&json!({"dp_rank": 0})), None);
+    }
+
+    #[test]
+    fn each_layout_runs_the_first_policy_after_every_aggregated_row() {
+        let opts = DemoOptions {
+            policies: vec![PolicyKind::HybridAware, PolicyKind::RoundRobin],
+            pd: vec![crate::simfleet::PdLayout {
+                prefill: 1,
+                decode: 3,
+            }],
+            ..DemoOptions::default()
+        };
+        let names: Vec<String> = runs_of(&opts)
+            .into_iter()
+            .map(|(p, l)| row_name(p, l))
+            .collect();
+        assert_eq!(names, ["hybrid-aware", "round-robin", "hybrid-aware 1p3d"]);
     }
 }

@@ -177,9 +177,16 @@ pub fn summarize(policy: &str, samples: &[Sample], engine_seconds: f64) -> Polic
 }
 
 pub fn table(results: &[PolicyResult]) -> String {
+    // The name column fits the longest row name (a disaggregated row's is `policy PpDd`).
+    let w = results
+        .iter()
+        .map(|r| r.policy.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(14);
     let mut s = String::new();
     s.push_str(&format!(
-        "{:<14} {:>8} {:>12} {:>8} {:>11} {:>11} {:>10} {:>8} {:>6}\n",
+        "{:<w$} {:>8} {:>12} {:>8} {:>11} {:>11} {:>10} {:>8} {:>6}\n",
         "policy",
         "reuse",
         "pred.err",
@@ -192,7 +199,7 @@ pub fn table(results: &[PolicyResult]) -> String {
     ));
     for r in results {
         s.push_str(&format!(
-            "{:<14} {:>7.1}% {:>8.1} tok {:>7.1}% {:>8.1} ms {:>8.1} ms {:>10.2} {:>8} {:>6}\n",
+            "{:<w$} {:>7.1}% {:>8.1} tok {:>7.1}% {:>8.1} ms {:>8.1} ms {:>10.2} {:>8} {:>6}\n",
             r.policy,
             r.reuse * 100.0,
             r.prediction_error,
@@ -207,7 +214,7 @@ pub fn table(results: &[PolicyResult]) -> String {
     for r in results {
         if let Some(sp) = &r.spread {
             s.push_str(&format!(
-                "{:<14} over {} runs (means; counts summed): reuse {:.1}–{:.1}%, ttft p50 {:.1}–{:.1} ms, p99 {:.1}–{:.1} ms\n",
+                "{:<w$} over {} runs (means; counts summed): reuse {:.1}–{:.1}%, ttft p50 {:.1}–{:.1} ms, p99 {:.1}–{:.1} ms\n",
                 r.policy,
                 sp.runs,
                 sp.reuse_min * 100.0,
@@ -226,7 +233,7 @@ pub fn table(results: &[PolicyResult]) -> String {
             .map(|(w, n)| format!("{w} {n}"))
             .collect();
         s.push_str(&format!(
-            "{:<14} requests per worker: {}\n",
+            "{:<w$} requests per worker: {}\n",
             r.policy,
             spread.join(", ")
         ));
