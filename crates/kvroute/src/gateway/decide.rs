@@ -295,12 +295,18 @@ pub fn decide_with<'a>(
             });
             let later_turns_ms = conversation_ms - own_turns_ms
                 + (follow_ups * w.ttft.load_wait_ms()).max(own_turns_ms);
-            let decode_interference_ms = decode_interference_ms(
-                w.decode.delta(&registry.fleet_decode),
-                output_tokens,
-                mean_output,
-                w.running(),
-            );
+            // This answer decodes beside the requests running there now; a new conversation's
+            // `k` later turns (a follow-up's `k` is 0) beside as many as have recently run there.
+            let delta = w.decode.delta(&registry.fleet_decode);
+            let decode_interference_ms =
+                decode_interference_ms(delta, output_tokens, mean_output, w.running() as f64)
+                    + follow_ups
+                        * decode_interference_ms(
+                            delta,
+                            output_tokens,
+                            mean_output,
+                            w.decode.mean_running(),
+                        );
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
@@ -540,6 +546,65 @@ mod tests {
         assert!(
             (a.cost - a.predicted_ttft_ms - a.later_turns_ms - a.delay_to_others_ms).abs() < 1e-6
         );
+    }
+
+    #[test]
+    fn a_new_conversations_later_turns_are_charged_the_decode_they_will_share() {
+        let (registry, workers) = fleet(&["a", "b"]);
+        teach_conversations(&registry, 5, 1000, 100.0);
+        let k = registry.follow_ups.expected();
+        assert!(k > 1.0, "expected follow-ups {k}");
+        workers[0]
+            .in_flight
+            .store(4, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..64u64 {
+            let r = (i % 8) as f64;
+            registry.fleet_decode.observe(0.0, r, 6.0 + 0.5 * r);
+        }
+        for _ in 0..8 {
+            registry.output_tokens.observe(40);
+        }
+        let run = |follow_up: bool| {
+            decide_with(
+                &registry,
+                &workers,
+                &[5; 64],
+                BlockExtras::default(),
+                false,
+                follow_up,
+                None,
+                PolicyKind::HybridAware,
+                &PolicyWeights::default(),
+                0,
+                false,
+            )
+            .decision
+        };
+        let charge = |d: &Decision, w: &str| {
+            d.candidates
+                .iter()
+                .find(|c| c.worker == w)
+                .map(|c| c.decode_interference_ms)
+                .expect("candidate")
+        };
+        // One answer beside the four requests running now: δ·Ō·R. A new conversation brings
+        // k more, each beside the two that have recently run there.
+        for _ in 0..2000 {
+            workers[0].decode.sample_running(2.0);
+        }
+        let delta = registry.fleet_decode.ms_per_running();
+        let (now, recent) = (
+            delta * 40.0 * 4.0,
+            delta * 40.0 * workers[0].decode.mean_running(),
+        );
+        assert!((workers[0].decode.mean_running() - 2.0).abs() < 1e-6);
+        let (new, follow) = (run(false), run(true));
+        assert!(
+            (charge(&new, "a") - (now + k * recent)).abs() < 1e-6,
+            "{new:?}"
+        );
+        assert!((charge(&follow, "a") - now).abs() < 1e-6, "{follow:?}");
+        assert_eq!((charge(&new, "b"), charge(&follow, "b")), (0.0, 0.0));
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //! tokens spread evenly over `[0, Ō]` — so a pair overlaps `E[min(O, U)] = O − O²/(2·Ō)`
 //! tokens (`Ō/2` for a typical answer): `2·δ·R·(O − O²/(2·Ō))` milliseconds of end-to-end
 //! latency in all, nothing on an idle worker. Each pair of requests is charged once, to the
-//! later of the two.
-//! Invariants: δ is never negative; the charge is 0 with nothing running, no expected output,
+//! later of the two. The model also keeps the worker's recent running count (sampled at each
+//! routing decision), what a conversation's later turns will decode beside.
+//! Invariants: δ and the recent running count are never negative; the charge is 0 with nothing running, no expected output,
 //! or an unfitted model, and grows with each; the mean answer length is finite and never
 //! negative.
 //! Must not: read sockets or clocks; callers pass the observations.
@@ -32,6 +33,9 @@ pub const OWN_MODEL_AFTER: u64 = 16;
 #[derive(Debug, Default)]
 pub struct DecodeModel {
     rls: Mutex<Rls>,
+    /// Exponentially weighted mean, over recent routing decisions, of the requests running on
+    /// the worker (the weight of the TTFT model's load wait, [`super::ttft::WAIT_WEIGHT`]).
+    running: Mutex<f64>,
 }
 
 /// What a decode model has learned, for the admin view.
@@ -41,6 +45,8 @@ pub struct DecodeView {
     pub ms_per_token: f64,
     pub ms_per_1k_queued_tokens: f64,
     pub ms_per_running_request: f64,
+    /// The requests recently running there ([`DecodeModel::mean_running`]).
+    pub mean_running: f64,
 }
 
 /// The TTFT model's feature layout: the constant, the prefill queued (thousands of tokens)
@@ -65,6 +71,22 @@ impl DecodeModel {
         self.rls.lock().samples()
     }
 
+    /// Records the requests running on the worker now (one sample per routing decision,
+    /// every candidate alike).
+    pub fn sample_running(&self, running: f64) {
+        if !running.is_finite() {
+            return;
+        }
+        let mut g = self.running.lock();
+        *g += super::ttft::WAIT_WEIGHT * (running.max(0.0) - *g);
+    }
+
+    /// The requests recently running on the worker: what a conversation's later turns sent
+    /// here will decode beside (the count of this instant comes and goes with each answer).
+    pub fn mean_running(&self) -> f64 {
+        *self.running.lock()
+    }
+
     /// δ: milliseconds one more running request adds to each token (at least 0).
     pub fn ms_per_running(&self) -> f64 {
         self.rls.lock().effective()[3]
@@ -78,6 +100,7 @@ impl DecodeModel {
             ms_per_token: e[0],
             ms_per_1k_queued_tokens: m.theta()[1],
             ms_per_running_request: e[3],
+            mean_running: self.mean_running(),
         }
     }
 
@@ -138,7 +161,7 @@ pub fn decode_interference_ms(
     delta_ms: f64,
     output_tokens: f64,
     mean_output: f64,
-    running: u64,
+    running: f64,
 ) -> f64 {
     let o = output_tokens.max(0.0);
     let m = mean_output.max(0.0);
@@ -147,7 +170,7 @@ pub fn decode_interference_ms(
     } else {
         o - o * o / (2.0 * m)
     };
-    let x = 2.0 * delta_ms.max(0.0) * overlap * running as f64;
+    let x = 2.0 * delta_ms.max(0.0) * overlap * running.max(0.0);
     if x.is_finite() {
         x
     } else {
@@ -202,24 +225,24 @@ mod tests {
     #[test]
     fn a_typical_answer_overlaps_half_of_each_running_answer() {
         // O = Ō: each pair overlaps Ō/2 tokens, both ways: δ·Ō·R.
-        assert!((decode_interference_ms(0.2, 50.0, 50.0, 3) - 0.2 * 50.0 * 3.0).abs() < 1e-9);
+        assert!((decode_interference_ms(0.2, 50.0, 50.0, 3.0) - 0.2 * 50.0 * 3.0).abs() < 1e-9);
         // A short answer overlaps nearly all of itself: O − O²/(2Ō).
-        let short = decode_interference_ms(0.2, 10.0, 50.0, 3);
+        let short = decode_interference_ms(0.2, 10.0, 50.0, 3.0);
         assert!((short - 2.0 * 0.2 * 3.0 * (10.0 - 1.0)).abs() < 1e-9);
         // A longer one overlaps no more than the others have left.
         assert_eq!(
-            decode_interference_ms(0.2, 500.0, 50.0, 3),
-            decode_interference_ms(0.2, 50.0, 50.0, 3)
+            decode_interference_ms(0.2, 500.0, 50.0, 3.0),
+            decode_interference_ms(0.2, 50.0, 50.0, 3.0)
         );
-        assert_eq!(decode_interference_ms(0.2, 50.0, 50.0, 0), 0.0);
-        assert_eq!(decode_interference_ms(-1.0, 50.0, 50.0, 3), 0.0);
+        assert_eq!(decode_interference_ms(0.2, 50.0, 50.0, 0.0), 0.0);
+        assert_eq!(decode_interference_ms(-1.0, 50.0, 50.0, 3.0), 0.0);
         assert_eq!(
-            decode_interference_ms(0.2, f64::INFINITY, f64::INFINITY, 3),
+            decode_interference_ms(0.2, f64::INFINITY, f64::INFINITY, 3.0),
             0.0
         );
-        assert_eq!(decode_interference_ms(0.2, 50.0, 0.0, 3), 0.0);
-        let more = decode_interference_ms(0.2, 50.0, 50.0, 4);
-        assert!(more > decode_interference_ms(0.2, 50.0, 50.0, 3));
+        assert_eq!(decode_interference_ms(0.2, 50.0, 0.0, 3.0), 0.0);
+        let more = decode_interference_ms(0.2, 50.0, 50.0, 4.0);
+        assert!(more > decode_interference_ms(0.2, 50.0, 50.0, 3.0));
     }
 
     #[test]
