@@ -1,7 +1,8 @@
 //! The worker registry: who is behind the gateway, whether they are healthy, how loaded.
 //!
 //! Owns: per worker its spec, health (with backoff), drain flag, the gateway's own load
-//! accounting (in-flight requests, queued prefill tokens), the engine's reported queue from its
+//! accounting (in-flight requests, queued prefill tokens — the bookings, less what the engine
+//! has worked off since at the worker's learned prefill rate), the engine's reported queue from its
 //! `/metrics`, its engine generation (configured, or detected from its `/version`, which then
 //! re-configures the worker in the index), the LoRA adapters it serves (configured, and as its
 //! `/v1/models` lists them), and its event subscriptions (one per DP rank) feeding the shared
@@ -47,6 +48,11 @@ pub struct Worker {
     pub prefilling: AtomicU64,
     /// Mean prefill tokens this gateway booked per request here (weight of the newest 1/32).
     pub mean_prefill: Mutex<f64>,
+    /// The booked prefill as the engine works it off: (tokens left, as of when), drained at
+    /// the worker's learned marginal prefill cost ([`Worker::set_prefill_ms_per_token`]).
+    pub backlog: Mutex<(f64, Instant)>,
+    /// The worker's marginal prefill cost in ms a token (f64 bits; 0: not known yet).
+    pub prefill_ms_per_token: AtomicU64,
     /// The engine's own figures from its `/metrics` ([`super::engine_load`]).
     pub engine_load: Mutex<EngineLoad>,
     pub consecutive_failures: AtomicU32,
@@ -156,6 +162,8 @@ impl Worker {
             queued_prefill: AtomicU64::new(0),
             prefilling: AtomicU64::new(0),
             mean_prefill: Mutex::new(0.0),
+            backlog: Mutex::new((0.0, Instant::now())),
+            prefill_ms_per_token: AtomicU64::new(0),
             engine_load: Mutex::new(EngineLoad::default()),
             consecutive_failures: AtomicU32::new(0),
             request_failures: AtomicU32::new(0),
@@ -209,13 +217,41 @@ impl Worker {
     /// figures are fresh, the requests waiting there that are not this gateway's (other
     /// replicas, other clients) at this gateway's mean prefill per request.
     pub fn queued_tokens(&self) -> u64 {
-        let own = self.queued_prefill.load(Ordering::Relaxed);
+        let booked = self.queued_prefill.load(Ordering::Relaxed);
+        // What is booked but already worked off (the engine has been prefilling it since it
+        // was sent) is no longer ahead of a new request.
+        let own = booked.min(self.backlog_at(Instant::now()).ceil() as u64);
         let load = *self.engine_load.lock();
         if !load.fresh(Instant::now()) {
             return own;
         }
         let others = load.waiting.saturating_sub(load.own_prefilling_at_poll);
         own + (others as f64 * *self.mean_prefill.lock()) as u64
+    }
+
+    /// The worker's learned marginal prefill cost, for draining the backlog.
+    pub fn set_prefill_ms_per_token(&self, ms: f64) {
+        if ms.is_finite() && ms > 0.0 {
+            self.prefill_ms_per_token
+                .store(ms.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// The booked prefill not yet worked off at `now`: each booking adds its tokens, and the
+    /// engine works them off at the learned rate while any are left.
+    fn backlog_at(&self, now: Instant) -> f64 {
+        let (left, at) = *self.backlog.lock();
+        let ms = f64::from_bits(self.prefill_ms_per_token.load(Ordering::Relaxed));
+        if ms <= 0.0 {
+            return left;
+        }
+        let worked = now.saturating_duration_since(at).as_secs_f64() * 1000.0 / ms;
+        (left - worked).max(0.0)
+    }
+
+    fn book_backlog(&self, tokens: u64, now: Instant) {
+        let left = self.backlog_at(now);
+        *self.backlog.lock() = (left + tokens as f64, now);
     }
 
     /// Load in tokens: queued prefill ([`Worker::queued_tokens`]) plus a decode charge per
@@ -315,6 +351,7 @@ impl LoadGuard {
     pub fn new(worker: Arc<Worker>, prefill: u64) -> LoadGuard {
         worker.in_flight.fetch_add(1, Ordering::Relaxed);
         worker.queued_prefill.fetch_add(prefill, Ordering::Relaxed);
+        worker.book_backlog(prefill, Instant::now());
         worker.prefilling.fetch_add(1, Ordering::Relaxed);
         {
             let mut m = worker.mean_prefill.lock();
@@ -603,5 +640,67 @@ mod tests {
             (v.in_flight, v.queued_prefill_tokens, v.in_flight_prompts),
             (0, 0, 0)
         );
+    }
+
+    #[test]
+    fn booked_prefill_is_worked_off_at_the_learned_rate_and_never_exceeds_the_bookings() {
+        let registry = Registry::new(Arc::new(Index::new()));
+        let w = registry
+            .add(WorkerSpec::new("a", "http://127.0.0.1:1", "m"))
+            .expect("valid spec");
+        // Unknown rate: nothing is worked off.
+        let mut guard = LoadGuard::new(w.clone(), 1000);
+        let (_, at) = *w.backlog.lock();
+        assert_eq!(w.backlog_at(at + Duration::from_millis(500)), 1000.0);
+        // 0.1 ms a token: 50 ms later half is left, 100 ms later none.
+        w.set_prefill_ms_per_token(0.1);
+        assert!((w.backlog_at(at + Duration::from_millis(50)) - 500.0).abs() < 1e-6);
+        assert_eq!(w.backlog_at(at + Duration::from_millis(150)), 0.0);
+        assert!(w.queued_tokens() <= 1000);
+        // The bookings bound it: once the first byte came back, nothing is queued.
+        guard.prefill_done();
+        assert_eq!(w.queued_tokens(), 0);
+        // Nonsense rates are ignored.
+        w.set_prefill_ms_per_token(f64::NAN);
+        w.set_prefill_ms_per_token(-1.0);
+        assert_eq!(
+            f64::from_bits(w.prefill_ms_per_token.load(Ordering::Relaxed)),
+            0.1
+        );
+    }
+
+    proptest::proptest! {
+        /// The backlog against a literal engine that works one token at a time, FCFS, at the
+        /// learned rate, from bookings arriving at given times.
+        #[test]
+        fn the_backlog_is_what_a_token_at_a_time_engine_has_left(
+            bookings in proptest::collection::vec((0u64..400, 0u64..300), 1..12),
+            ms_per_token in 1u64..4,
+        ) {
+            let registry = Registry::new(Arc::new(Index::new()));
+            let w = registry
+                .add(WorkerSpec::new("a", "http://127.0.0.1:1", "m"))
+                .expect("valid spec");
+            w.set_prefill_ms_per_token(ms_per_token as f64);
+            let t0 = Instant::now();
+            let (mut now_ms, mut left, mut busy_until) = (0u64, 0u64, 0u64);
+            for (gap_ms, tokens) in bookings {
+                now_ms += gap_ms;
+                // The literal engine: one token every `ms_per_token` ms while any is left.
+                while left > 0 && busy_until + ms_per_token <= now_ms {
+                    busy_until += ms_per_token;
+                    left -= 1;
+                }
+                if left == 0 {
+                    busy_until = now_ms;
+                }
+                left += tokens;
+                w.book_backlog(tokens, t0 + Duration::from_millis(now_ms));
+                let fast = w.backlog_at(t0 + Duration::from_millis(now_ms));
+                // The closed form works fractions of a token off; the literal engine whole ones.
+                proptest::prop_assert!(fast <= left as f64 + 1e-6, "{fast} > {left}");
+                proptest::prop_assert!(fast + 1.0 > left as f64 - 1e-6, "{fast} vs {left}");
+            }
+        }
     }
 }
