@@ -549,6 +549,30 @@ mod tests {
         );
     }
 
+    /// The hybrid-aware decision, default weights, for `prompt` as a new conversation or a
+    /// follow-up.
+    fn hybrid_decision(
+        registry: &Registry,
+        workers: &[Arc<Worker>],
+        prompt: &[u32],
+        follow_up: bool,
+    ) -> Decision {
+        decide_with(
+            registry,
+            workers,
+            prompt,
+            BlockExtras::default(),
+            false,
+            follow_up,
+            None,
+            PolicyKind::HybridAware,
+            &PolicyWeights::default(),
+            0,
+            false,
+        )
+        .decision
+    }
+
     #[test]
     fn a_new_conversations_later_turns_are_charged_the_decode_they_will_share() {
         let (registry, workers) = fleet(&["a", "b"]);
@@ -565,22 +589,7 @@ mod tests {
         for _ in 0..8 {
             registry.output_tokens.observe(40);
         }
-        let run = |follow_up: bool| {
-            decide_with(
-                &registry,
-                &workers,
-                &[5; 64],
-                BlockExtras::default(),
-                false,
-                follow_up,
-                None,
-                PolicyKind::HybridAware,
-                &PolicyWeights::default(),
-                0,
-                false,
-            )
-            .decision
-        };
+        let run = |follow_up: bool| hybrid_decision(&registry, &workers, &[5; 64], follow_up);
         let charge = |d: &Decision, w: &str| {
             d.candidates
                 .iter()
@@ -622,22 +631,7 @@ mod tests {
             workers[0].live.add(now, life);
         }
         workers[1].live.add(now, life);
-        let run = |follow_up: bool| {
-            decide_with(
-                &registry,
-                &workers,
-                &[9; 64],
-                BlockExtras::default(),
-                false,
-                follow_up,
-                None,
-                PolicyKind::HybridAware,
-                &PolicyWeights::default(),
-                0,
-                false,
-            )
-            .decision
-        };
+        let run = |follow_up: bool| hybrid_decision(&registry, &workers, &[9; 64], follow_up);
         let d = run(false);
         let by = |d: &Decision, w: &str| {
             d.candidates
