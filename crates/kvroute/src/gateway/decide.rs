@@ -496,14 +496,7 @@ mod tests {
         workers[0]
             .in_flight
             .store(6, std::sync::atomic::Ordering::Relaxed);
-        // Each running request adds 0.5 ms to a token; answers are 40 tokens long.
-        for i in 0..64u64 {
-            let r = (i % 8) as f64;
-            registry.fleet_decode.observe(0.0, r, 6.0 + 0.5 * r);
-        }
-        for _ in 0..8 {
-            registry.output_tokens.observe(40);
-        }
+        teach_decode(&registry);
         let run = |weights: &PolicyWeights, max_tokens: Option<u64>| {
             decide_with(
                 &registry,
@@ -549,6 +542,18 @@ mod tests {
         );
     }
 
+    /// The fleet's decode model and answers: each running request adds 0.5 ms to a token;
+    /// answers are 40 tokens long.
+    fn teach_decode(registry: &Registry) {
+        for i in 0..64u64 {
+            let r = (i % 8) as f64;
+            registry.fleet_decode.observe(0.0, r, 6.0 + 0.5 * r);
+        }
+        for _ in 0..8 {
+            registry.output_tokens.observe(40);
+        }
+    }
+
     /// The hybrid-aware decision, default weights, for `prompt` as a new conversation or a
     /// follow-up.
     fn hybrid_decision(
@@ -582,13 +587,7 @@ mod tests {
         workers[0]
             .in_flight
             .store(4, std::sync::atomic::Ordering::Relaxed);
-        for i in 0..64u64 {
-            let r = (i % 8) as f64;
-            registry.fleet_decode.observe(0.0, r, 6.0 + 0.5 * r);
-        }
-        for _ in 0..8 {
-            registry.output_tokens.observe(40);
-        }
+        teach_decode(&registry);
         let run = |follow_up: bool| hybrid_decision(&registry, &workers, &[5; 64], follow_up);
         let charge = |d: &Decision, w: &str| {
             d.candidates
