@@ -229,6 +229,10 @@ struct ServeArgs {
     /// worker cause each other (true, the default) or leave it out (false).
     #[arg(long)]
     decode_interference: Option<bool>,
+    /// The prefill queued on a worker drains at its learned prefill rate (true, the default)
+    /// or counts whole until each request's first byte (false).
+    #[arg(long)]
+    queue_drain: Option<bool>,
     /// Cost model ttft: µs to load one token's KV from a worker's CPU tier (default 5).
     #[arg(long)]
     cpu_load_us_per_token: Option<f64>,
@@ -386,6 +390,9 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(d) = a.decode_interference {
         cfg.weights.decode_interference = d;
+    }
+    if let Some(q) = a.queue_drain {
+        cfg.weights.queue_drain = q;
     }
     if let Some(us) = a.cpu_load_us_per_token {
         cfg.weights.cpu_load_us_per_token = us;

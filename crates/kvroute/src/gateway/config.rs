@@ -491,6 +491,11 @@ pub struct PolicyWeights {
     /// [`super::decoding`]). `false` leaves decoding out.
     #[serde(default = "default_later_turns")]
     pub decode_interference: bool,
+    /// The prefill queued on a worker is its bookings less what the engine has worked off
+    /// since, at the worker's learned prefill rate ([`super::registry::Worker::queued_tokens`]).
+    /// `false` counts every booking whole until its first byte.
+    #[serde(default = "default_later_turns")]
+    pub queue_drain: bool,
     /// Cost model `ttft`: the time to load one token's KV from a worker's CPU tier (µs; the
     /// `OffloadingConnector`'s hit, `medium = "CPU"`), added to its predicted TTFT. The
     /// default, 5, is an 8B-class model's 128 KiB a token over PCIe 4.0 ×16 (about 25 GB/s):
@@ -548,6 +553,7 @@ impl Default for PolicyWeights {
             later_turns: default_later_turns(),
             delay_to_others: default_later_turns(),
             decode_interference: default_later_turns(),
+            queue_drain: default_later_turns(),
             cpu_load_us_per_token: default_cpu_load_us_per_token(),
         }
     }

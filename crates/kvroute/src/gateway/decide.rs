@@ -272,7 +272,11 @@ pub fn decide_with<'a>(
             let expected = n.saturating_sub(cached + forecast_cached);
             let work = Work::new(w.queued_tokens(), n - expected, expected, w.running());
             let (device_ttft_ms, ms_per_token) = w.ttft.predict(&registry.fleet_ttft, &work);
-            w.set_prefill_ms_per_token(ms_per_token);
+            w.set_prefill_ms_per_token(if weights.queue_drain {
+                ms_per_token
+            } else {
+                0.0
+            });
             let predicted_ttft_ms = device_ttft_ms + tier_load_ms;
             let (load_delay_ms, busy_ms) = load_delay_ms(registry, w, &work);
             let own_ms = (predicted_ttft_ms - busy_ms).max(0.0);

@@ -220,7 +220,12 @@ impl Worker {
         let booked = self.queued_prefill.load(Ordering::Relaxed);
         // What is booked but already worked off (the engine has been prefilling it since it
         // was sent) is no longer ahead of a new request.
-        let own = booked.min(self.backlog_at(Instant::now()).ceil() as u64);
+        let draining = self.prefill_ms_per_token.load(Ordering::Relaxed) != 0;
+        let own = if draining {
+            booked.min(self.backlog_at(Instant::now()).ceil() as u64)
+        } else {
+            booked
+        };
         let load = *self.engine_load.lock();
         if !load.fresh(Instant::now()) {
             return own;
@@ -229,9 +234,10 @@ impl Worker {
         own + (others as f64 * *self.mean_prefill.lock()) as u64
     }
 
-    /// The worker's learned marginal prefill cost, for draining the backlog.
+    /// The worker's learned marginal prefill cost, for draining the backlog (0: do not drain;
+    /// the queue is then the whole bookings).
     pub fn set_prefill_ms_per_token(&self, ms: f64) {
-        if ms.is_finite() && ms > 0.0 {
+        if ms.is_finite() && ms >= 0.0 {
             self.prefill_ms_per_token
                 .store(ms.to_bits(), Ordering::Relaxed);
         }
@@ -657,6 +663,10 @@ mod tests {
         assert!((w.backlog_at(at + Duration::from_millis(50)) - 500.0).abs() < 1e-6);
         assert_eq!(w.backlog_at(at + Duration::from_millis(150)), 0.0);
         assert!(w.queued_tokens() <= 1000);
+        // Not draining (`weights.queue_drain = false`), the queue is the whole bookings.
+        w.set_prefill_ms_per_token(0.0);
+        assert_eq!(w.queued_tokens(), 1000);
+        w.set_prefill_ms_per_token(0.1);
         // The bookings bound it: once the first byte came back, nothing is queued.
         guard.prefill_done();
         assert_eq!(w.queued_tokens(), 0);
