@@ -270,13 +270,16 @@ pub fn decide_with<'a>(
             };
             let forecast_cached = o.forecast.saturating_sub(cached);
             let expected = n.saturating_sub(cached + forecast_cached);
-            let work = Work::new(w.queued_tokens(), n - expected, expected, w.running());
-            let (device_ttft_ms, ms_per_token) = w.ttft.predict(&registry.fleet_ttft, &work);
+            // The queue ahead drains at the rate the prediction uses (before it is read).
+            let model = w.ttft.model(&registry.fleet_ttft);
+            let ms_per_token = model.ms_per_token();
             w.set_prefill_ms_per_token(if weights.queue_drain {
                 ms_per_token
             } else {
                 0.0
             });
+            let work = Work::new(w.queued_tokens(), n - expected, expected, w.running());
+            let device_ttft_ms = model.predict(&work.features());
             let predicted_ttft_ms = device_ttft_ms + tier_load_ms;
             let (load_delay_ms, busy_ms) = load_delay_ms(registry, w, &work);
             let own_ms = (predicted_ttft_ms - busy_ms).max(0.0);
@@ -794,6 +797,12 @@ mod tests {
         // "b" is prefilling the whole prompt (2,000 tokens queued).
         let _in_flight = LoadGuard::new(workers[1].clone(), 2000)
             .with_prompt(&Prompt::new(&prompt, &BlockExtras::default()), [1984, 0]);
+        // The bookings count whole (no drain: the queue must not depend on the test's timing;
+        // the drain has tests of its own in `registry`).
+        let weights = PolicyWeights {
+            queue_drain: false,
+            ..PolicyWeights::default()
+        };
         let run = |tokens: &[u32]| {
             decide(
                 &registry,
@@ -802,7 +811,7 @@ mod tests {
                 None,
                 false,
                 PolicyKind::HybridAware,
-                &PolicyWeights::default(),
+                &weights,
                 0,
                 false,
             )

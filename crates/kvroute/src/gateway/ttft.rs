@@ -46,7 +46,7 @@ impl Work {
         }
     }
 
-    fn features(&self) -> [f64; DIM] {
+    pub fn features(&self) -> [f64; DIM] {
         [
             1.0,
             (self.queued_tokens + self.own_tokens) as f64 / 1000.0,
@@ -303,15 +303,20 @@ impl TtftModel {
         }
     }
 
-    /// Predicted milliseconds and the marginal cost of a prefill token, from this model once it
-    /// has seen [`OWN_MODEL_AFTER`] requests, else from `fleet`.
-    pub fn predict(&self, fleet: &TtftModel, w: &Work) -> (f64, f64) {
+    /// The fit predictions use: this model once it has seen [`OWN_MODEL_AFTER`] requests,
+    /// else `fleet`.
+    pub fn model(&self, fleet: &TtftModel) -> Rls {
         let own = self.snapshot();
-        let m = if own.samples() >= OWN_MODEL_AFTER {
+        if own.samples() >= OWN_MODEL_AFTER {
             own
         } else {
             fleet.snapshot()
-        };
+        }
+    }
+
+    /// Predicted milliseconds and the marginal cost of a prefill token ([`TtftModel::model`]).
+    pub fn predict(&self, fleet: &TtftModel, w: &Work) -> (f64, f64) {
+        let m = self.model(fleet);
         (m.predict(&w.features()), m.ms_per_token())
     }
 }

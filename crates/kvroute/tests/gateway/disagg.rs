@@ -56,6 +56,8 @@ struct Reply {
     decision: Value,
     cached: Option<u64>,
     completion_tokens: Option<u64>,
+    /// The simulated engine's own fields on the final answer (`sim`).
+    sim: Value,
 }
 
 async fn complete(gw: &GatewayHandle, body: Value) -> Reply {
@@ -76,6 +78,7 @@ async fn complete(gw: &GatewayHandle, body: Value) -> Reply {
         decision,
         cached: last["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
         completion_tokens: last["usage"]["completion_tokens"].as_u64(),
+        sim: last["sim"].clone(),
     }
 }
 
@@ -138,6 +141,11 @@ async fn a_request_is_prefilled_on_one_worker_and_decoded_on_another_streaming_a
         if i > 0 {
             assert!(predicted >= 1600, "the history is reused: {predicted}");
         }
+        // The decode worker reports the prefill leg's engine time beside its own TTFT, so both
+        // legs add up on the engines' clock (what `kvroute demo --pd` times).
+        let leg = r.sim["prefill_leg_s"].as_f64().unwrap_or(0.0);
+        assert!(leg > 0.0, "{}", r.sim);
+        assert!(r.sim["ttft_s"].as_f64().is_some(), "{}", r.sim);
         settle().await;
     }
     // Every prefill leg computed one token; every decode leg decoded the answer.
