@@ -112,6 +112,10 @@ pub struct BenchArgs {
     /// The in-process gateway's pricing of decode interference (true | false).
     #[arg(long)]
     decode_interference: Option<bool>,
+    /// The in-process gateway's pricing of the stall prefills add to decoding requests
+    /// (off | later-turns | all).
+    #[arg(long)]
+    prefill_stall: Option<kvroute::gateway::config::PrefillStall>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -178,6 +182,7 @@ impl BenchArgs {
             later_turns: self.later_turns,
             delay_to_others: self.delay_to_others,
             decode_interference: self.decode_interference,
+            prefill_stall: self.prefill_stall,
         })
     }
 }

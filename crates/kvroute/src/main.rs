@@ -229,6 +229,11 @@ struct ServeArgs {
     /// worker cause each other (true, the default) or leave it out (false).
     #[arg(long)]
     decode_interference: Option<bool>,
+    /// Cost model ttft: which prefills pay the end-to-end latency they add to the requests
+    /// decoding on the worker: a new conversation's later turns (later-turns, the default),
+    /// also each request's own (all), or none (off).
+    #[arg(long)]
+    prefill_stall: Option<kvroute::gateway::config::PrefillStall>,
     /// The prefill queued on a worker drains at its learned prefill rate (true, the default)
     /// or counts whole until each request's first byte (false).
     #[arg(long)]
@@ -390,6 +395,9 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(d) = a.decode_interference {
         cfg.weights.decode_interference = d;
+    }
+    if let Some(p) = a.prefill_stall {
+        cfg.weights.prefill_stall = p;
     }
     if let Some(q) = a.queue_drain {
         cfg.weights.queue_drain = q;

@@ -141,6 +141,8 @@ pub struct BenchOptions {
     pub delay_to_others: Option<bool>,
     /// The in-process gateway's `weights.decode_interference` (default: the gateway's own).
     pub decode_interference: Option<bool>,
+    /// The in-process gateway's `weights.prefill_stall` (default: the gateway's own).
+    pub prefill_stall: Option<crate::gateway::config::PrefillStall>,
 }
 
 impl Default for BenchOptions {
@@ -178,6 +180,7 @@ impl Default for BenchOptions {
             later_turns: None,
             delay_to_others: None,
             decode_interference: None,
+            prefill_stall: None,
         }
     }
 }
@@ -203,6 +206,9 @@ async fn start_kvroute(
     }
     if let Some(d) = o.decode_interference {
         weights.decode_interference = d;
+    }
+    if let Some(p) = o.prefill_stall {
+        weights.prefill_stall = p;
     }
     weights.cost = simfleet::cost_for(o.speedup, o.cost);
     let shape = FleetShape {

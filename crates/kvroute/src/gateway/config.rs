@@ -491,6 +491,12 @@ pub struct PolicyWeights {
     /// [`super::decoding`]). `false` leaves decoding out.
     #[serde(default = "default_later_turns")]
     pub decode_interference: bool,
+    /// Cost model `ttft`: which prefills are charged the end-to-end latency they add to the
+    /// requests decoding beside them, whose steps carry their chunks
+    /// ([`super::decoding::prefill_stall_ms`]): a new conversation's later turns
+    /// (`later-turns`, the default), also every request's own (`all`), or none (`off`).
+    #[serde(default)]
+    pub prefill_stall: PrefillStall,
     /// The prefill queued on a worker is its bookings less what the engine has worked off
     /// since, at the worker's learned prefill rate ([`super::registry::Worker::queued_tokens`]).
     /// `false` counts every booking whole until its first byte.
@@ -510,6 +516,32 @@ fn default_cpu_load_us_per_token() -> f64 {
 
 fn default_later_turns() -> bool {
     true
+}
+
+/// Which prefills the `ttft` cost charges for stalling the requests decoding beside them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrefillStall {
+    Off,
+    /// A new conversation's expected later turns, each beside the requests recently running.
+    #[default]
+    LaterTurns,
+    /// Those, and this request's own prefill beside the requests in flight now.
+    All,
+}
+
+impl std::str::FromStr for PrefillStall {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(PrefillStall::Off),
+            "later-turns" => Ok(PrefillStall::LaterTurns),
+            "all" => Ok(PrefillStall::All),
+            _ => Err(format!(
+                "unknown prefill stall {s:?} (off | later-turns | all)"
+            )),
+        }
+    }
 }
 
 /// The cache policies' cost.
@@ -553,6 +585,7 @@ impl Default for PolicyWeights {
             later_turns: default_later_turns(),
             delay_to_others: default_later_turns(),
             decode_interference: default_later_turns(),
+            prefill_stall: PrefillStall::default(),
             queue_drain: default_later_turns(),
             cpu_load_us_per_token: default_cpu_load_us_per_token(),
         }

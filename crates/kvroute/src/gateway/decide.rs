@@ -9,9 +9,9 @@
 //! Must not: send anything upstream.
 
 use super::arrivals::delay_to_others_ms;
-use super::config::PolicyWeights;
+use super::config::{PolicyWeights, PrefillStall};
 use super::conversations::conversation_cost_ms;
-use super::decoding::decode_interference_ms;
+use super::decoding::{decode_interference_ms, prefill_stall_ms};
 use super::pending::{prompt_checkpoint, Forecast, Prompt};
 use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
@@ -315,6 +315,18 @@ pub fn decide_with<'a>(
                             mean_output,
                             w.decode.mean_running(),
                         );
+            // Each of a new conversation's later turns lengthens, with its prefill's chunks,
+            // the steps of the requests running there then (and, if asked, so does this
+            // request's own prefill those in flight now).
+            let own_stall_ms = if weights.prefill_stall == PrefillStall::All {
+                prefill_stall_ms(own_ms, w.running() as f64)
+            } else {
+                0.0
+            };
+            let prefill_stall_ms = own_stall_ms
+                + cycle.map_or(0.0, |(_, s)| {
+                    follow_ups * prefill_stall_ms(s, w.decode.mean_running())
+                });
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
@@ -328,6 +340,7 @@ pub fn decide_with<'a>(
                 later_turns_ms,
                 delay_to_others_ms,
                 decode_interference_ms,
+                prefill_stall_ms,
                 own_prefill_ms: own_ms,
                 live_conversations: live,
                 load_delay_ms,
@@ -545,8 +558,92 @@ mod tests {
         let d = run(&off, None);
         let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
         assert!(
-            (a.cost - a.predicted_ttft_ms - a.later_turns_ms - a.delay_to_others_ms).abs() < 1e-6
+            (a.cost
+                - a.predicted_ttft_ms
+                - a.later_turns_ms
+                - a.delay_to_others_ms
+                - a.prefill_stall_ms)
+                .abs()
+                < 1e-6
         );
+    }
+
+    #[test]
+    fn a_new_conversation_starts_where_its_later_turns_stall_the_fewest_decoding_requests() {
+        let (registry, workers) = fleet(&["a", "b"]);
+        // "a" holds three quarters of the prompt and has recently had three requests running;
+        // "b" holds nothing and has been idle. Conversations run five turns, each follow-up's
+        // prefill 100 ms.
+        let prompt: Vec<u32> = (0..4096).collect();
+        store(&registry, "a", &prompt[..3072]);
+        teach_conversations(&registry, 5, 1000, 100.0);
+        for _ in 0..2000 {
+            workers[0].decode.sample_running(3.0);
+        }
+        let run = |weights: &PolicyWeights, follow_up: bool| {
+            decide_with(
+                &registry,
+                &workers,
+                &prompt,
+                BlockExtras::default(),
+                false,
+                follow_up,
+                None,
+                PolicyKind::HybridAware,
+                weights,
+                0,
+                false,
+            )
+            .decision
+        };
+        let pick = |d: &Decision, w: &str| {
+            d.candidates
+                .iter()
+                .find(|c| c.worker == w)
+                .cloned()
+                .expect("candidate")
+        };
+        let k = registry.follow_ups.expected();
+        let (_, s) = registry.turns.cycle().expect("cycle learned");
+        let d = run(&PolicyWeights::default(), false);
+        let (a, b) = (pick(&d, "a"), pick(&d, "b"));
+        // Each of its k later turns stalls the three decoding there by its prefill.
+        let want = k * s * workers[0].decode.mean_running();
+        assert!(k > 1.0 && (a.prefill_stall_ms - want).abs() < 1e-6, "{a:?}");
+        assert_eq!(b.prefill_stall_ms, 0.0);
+        assert!(a.own_prefill_ms < b.own_prefill_ms, "{d:?}");
+        assert_eq!(d.worker, "b", "{d:?}");
+        // Switched off, the worker holding most of the prompt wins.
+        let off = PolicyWeights {
+            prefill_stall: PrefillStall::Off,
+            ..PolicyWeights::default()
+        };
+        assert_eq!(run(&off, false).worker, "a");
+        // Asked to, its own prefill is charged too: here, with nothing in flight, nothing more;
+        // with six in flight on "a", six times its prefill there.
+        let all = PolicyWeights {
+            prefill_stall: PrefillStall::All,
+            ..PolicyWeights::default()
+        };
+        assert!((pick(&run(&all, false), "a").prefill_stall_ms - want).abs() < 1e-6);
+        workers[0]
+            .in_flight
+            .store(6, std::sync::atomic::Ordering::Relaxed);
+        let a6 = pick(&run(&all, true), "a");
+        assert!(
+            (a6.prefill_stall_ms - 6.0 * a6.own_prefill_ms).abs() < 1e-6,
+            "{a6:?}"
+        );
+        workers[0]
+            .in_flight
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        // A follow-up brings no later turns of its own here: nothing is charged.
+        let f = run(&PolicyWeights::default(), true);
+        assert!(
+            f.candidates.iter().all(|c| c.prefill_stall_ms == 0.0),
+            "{f:?}"
+        );
+        assert_eq!(f.worker, "a");
     }
 
     /// The fleet's decode model and answers: each running request adds 0.5 ms to a token;

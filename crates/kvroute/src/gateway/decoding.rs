@@ -2,11 +2,13 @@
 //! decode costs the requests it shares those steps with.
 //!
 //! Owns: [`DecodeModel`], a worker's inter-token latency as a linear function of the prefill
-//! queued there and the requests running there, `itl = α + β·queued + δ·running`, fitted
-//! online (the same recursive least squares as the TTFT model, [`super::ttft::Rls`], on its
-//! features `[1, queued/1000, 0, running]`) from every streamed answer — the prefill chunks a
-//! decode step carries are the queue's, not the running requests', so δ is what a running
-//! request alone adds; [`OutputTokens`], the fleet's mean answer length; and
+//! its steps carried and the requests running there, `itl = α + β·prefill + δ·running`,
+//! fitted online (the same recursive least squares as the TTFT model, [`super::ttft::Rls`],
+//! on its features `[1, prefill/1000, 0, running]`) from every streamed answer, `prefill`
+//! being the prefill tokens that shared the answer's steps per token it decoded (what was
+//! queued at its first token and what was booked there until its last, `β` thus the
+//! engine's cost of a thousand prefill tokens) — the prefill chunks a decode step carries are
+//! the prefills', not the running requests', so δ is what a running request alone adds; [`OutputTokens`], the fleet's mean answer length; and
 //! [`decode_interference_ms`], the cost the policy adds to a candidate. An engine decodes all
 //! its running sequences in every step (continuous batching), so each one lengthens every
 //! step by δ: a request decoding `O` tokens where `R` others run is slowed by `δ` a token by
@@ -17,8 +19,14 @@
 //! latency in all, nothing on an idle worker. Each pair of requests is charged once, to the
 //! later of the two. The model also keeps the worker's recent running count (sampled at each
 //! routing decision), what a conversation's later turns will decode beside.
-//! Invariants: δ and the recent running count are never negative; the charge is 0 with nothing running, no expected output,
-//! or an unfitted model, and grows with each; the mean answer length is finite and never
+//! The steps that carry a prefill's chunks are longer for every sequence decoding in them
+//! (chunked prefill batches both), so a prefill of `P` milliseconds where `R` requests decode
+//! lengthens each of their answers by about `P`: [`prefill_stall_ms`] `= P·R`, charged for a
+//! new conversation's later turns (what their decode costs a prefill is already in its
+//! predicted TTFT).
+//! Invariants: δ and the recent running count are never negative; the decode charge is 0
+//! with nothing running, no expected output, or an unfitted model, and grows with each; the
+//! stall is 0 with nothing running or no prefill, and grows with each; the mean answer length is finite and never
 //! negative.
 //! Must not: read sockets or clocks; callers pass the observations.
 
@@ -43,27 +51,29 @@ pub struct DecodeModel {
 pub struct DecodeView {
     pub samples: u64,
     pub ms_per_token: f64,
-    pub ms_per_1k_queued_tokens: f64,
+    /// What a thousand prefill tokens in its steps add to an answer (β).
+    pub ms_per_1k_prefill_tokens: f64,
     pub ms_per_running_request: f64,
     /// The requests recently running there ([`DecodeModel::mean_running`]).
     pub mean_running: f64,
 }
 
-/// The TTFT model's feature layout: the constant, the prefill queued (thousands of tokens)
-/// and the requests running.
-fn features(queued_tokens: f64, running: f64) -> [f64; super::ttft::DIM] {
-    [1.0, queued_tokens / 1000.0, 0.0, running]
+/// The TTFT model's feature layout: the constant, the prefill in the answer's steps per
+/// token decoded (thousands of tokens) and the requests running.
+fn features(prefill_per_token: f64, running: f64) -> [f64; super::ttft::DIM] {
+    [1.0, prefill_per_token / 1000.0, 0.0, running]
 }
 
 impl DecodeModel {
-    /// One streamed answer: its mean inter-token latency while `queued_tokens` of prefill
-    /// waited and `running` other requests ran on the worker.
-    pub fn observe(&self, queued_tokens: f64, running: f64, itl_ms: f64) {
+    /// One streamed answer: its mean inter-token latency while its steps carried
+    /// `prefill_per_token` prefill tokens per token it decoded and `running` other requests
+    /// ran on the worker.
+    pub fn observe(&self, prefill_per_token: f64, running: f64, itl_ms: f64) {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
-        if ok(itl_ms) && itl_ms > 0.0 && ok(running) && ok(queued_tokens) {
+        if ok(itl_ms) && itl_ms > 0.0 && ok(running) && ok(prefill_per_token) {
             self.rls
                 .lock()
-                .observe(&features(queued_tokens, running), itl_ms);
+                .observe(&features(prefill_per_token, running), itl_ms);
         }
     }
 
@@ -98,7 +108,7 @@ impl DecodeModel {
         DecodeView {
             samples: m.samples(),
             ms_per_token: e[0],
-            ms_per_1k_queued_tokens: m.theta()[1],
+            ms_per_1k_prefill_tokens: m.theta()[1],
             ms_per_running_request: e[3],
             mean_running: self.mean_running(),
         }
@@ -178,25 +188,49 @@ pub fn decode_interference_ms(
     }
 }
 
+/// The end-to-end latency a prefill of `prefill_ms` adds to the `running` requests decoding
+/// beside it: each of them decodes in the steps that carry its chunks, so each answer is
+/// `prefill_ms` later.
+pub fn prefill_stall_ms(prefill_ms: f64, running: f64) -> f64 {
+    let x = prefill_ms.max(0.0) * running.max(0.0);
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn a_prefill_stalls_each_running_request_by_its_own_length() {
+        assert_eq!(prefill_stall_ms(40.0, 3.0), 120.0);
+        assert_eq!(prefill_stall_ms(40.0, 0.0), 0.0);
+        assert_eq!(prefill_stall_ms(0.0, 5.0), 0.0);
+        assert_eq!(prefill_stall_ms(-1.0, 5.0), 0.0);
+        assert_eq!(prefill_stall_ms(f64::INFINITY, 5.0), 0.0);
+        assert!(prefill_stall_ms(50.0, 3.0) > prefill_stall_ms(40.0, 3.0));
+        assert!(prefill_stall_ms(40.0, 4.0) > prefill_stall_ms(40.0, 3.0));
+    }
+
+    #[test]
     fn the_model_learns_what_each_running_request_adds_to_a_token() {
         let m = DecodeModel::default();
         // An engine whose token takes 5 ms, plus 0.25 ms per running request, plus the prefill
-        // chunks its steps carry (3 ms per 1,000 queued tokens), where busier workers have both
-        // more running and more queued: the fit tells the two apart.
+        // chunks its steps carry (60 ms per 1,000 prefill tokens, spread over the answer's
+        // tokens), where busier workers have both more running and more prefill: the fit
+        // tells the two apart.
         for i in 0..400u64 {
             let r = (i * 7 % 13) as f64;
-            let q = 400.0 * r + 300.0 * (i % 5) as f64;
-            m.observe(q, r, 5.0 + 0.25 * r + 0.003 * q);
+            let per_token = 10.0 * r + 5.0 * (i % 5) as f64;
+            m.observe(per_token, r, 5.0 + 0.25 * r + 0.06 * per_token);
         }
         assert!((m.ms_per_running() - 0.25).abs() < 0.01, "{:?}", m.view());
         assert!((m.view().ms_per_token - 5.0).abs() < 0.05, "{:?}", m.view());
         assert!(
-            (m.view().ms_per_1k_queued_tokens - 3.0).abs() < 0.05,
+            (m.view().ms_per_1k_prefill_tokens - 60.0).abs() < 0.5,
             "{:?}",
             m.view()
         );

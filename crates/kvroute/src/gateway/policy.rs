@@ -8,7 +8,7 @@
 //! appears once in the ranking, best first (the retry takes the next one).
 //! Must not: look at sockets or the index: it ranks numbers the caller computed.
 
-use super::config::{CostModel, PolicyWeights};
+use super::config::{CostModel, PolicyWeights, PrefillStall};
 use super::ttft::Work;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
@@ -108,6 +108,11 @@ pub struct Candidate {
     /// each other (ms; [`super::decoding`]).
     #[serde(skip_serializing_if = "is_zero_f")]
     pub decode_interference_ms: f64,
+    /// The end-to-end latency a new conversation's later turns' prefills here add to the
+    /// requests decoding beside them (ms; [`super::decoding`]; 0 for a follow-up), and with
+    /// `weights.prefill_stall = "all"` this request's own prefill to those in flight here.
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub prefill_stall_ms: f64,
     /// The wait this worker's load adds to a request sent there now (ms).
     pub load_delay_ms: f64,
     /// What the prediction was made from.
@@ -199,7 +204,12 @@ pub fn rank(
                         } else {
                             0.0
                         };
-                        c.predicted_ttft_ms + later + others + decode
+                        let stall = if weights.prefill_stall == PrefillStall::Off {
+                            0.0
+                        } else {
+                            c.prefill_stall_ms
+                        };
+                        c.predicted_ttft_ms + later + others + decode + stall
                             - weights.junction * c.junction as f64 * c.ms_per_token
                     }
                     CostModel::Tokens => {
@@ -237,6 +247,7 @@ mod tests {
             later_turns_ms: 0.0,
             delay_to_others_ms: 0.0,
             decode_interference_ms: 0.0,
+            prefill_stall_ms: 0.0,
             own_prefill_ms: 0.0,
             live_conversations: 0.0,
             load_delay_ms: 0.0,

@@ -571,7 +571,11 @@ pub(super) async fn forward(
             guard.prefill_done();
             // What this one decodes beside: the prefill still queued and the others running
             // (it counts itself).
-            decode.start(worker2.queued_tokens(), worker2.running().saturating_sub(1));
+            decode.start(
+                worker2.queued_tokens(),
+                worker2.booked_total.load(Ordering::Relaxed),
+                worker2.running().saturating_sub(1),
+            );
             if let (Some(w), Ok(_)) = (&work, &chunk) {
                 observe_ttft(&st2, &worker2, w, started.elapsed());
             }
@@ -724,19 +728,30 @@ fn last_completion_tokens_in_sse(tail: &[u8]) -> Option<u64> {
 }
 
 /// A stream's decode, for the decode model and the mean answer length: when its first chunk
-/// came and how many were running beside it then, when the last one came, and how many
-/// events carried tokens.
+/// came, the prefill queued there then and the worker's running total of booked prefill, how
+/// many were running beside it, when the last chunk came, and how many events carried tokens.
 #[derive(Default)]
 struct DecodeTiming {
-    /// When the first chunk came, the prefill then queued there and the others running.
-    first: Option<(Instant, u64, u64)>,
+    first: Option<DecodeStart>,
     last: Option<Instant>,
     events: u64,
 }
 
+struct DecodeStart {
+    at: Instant,
+    queued_tokens: u64,
+    booked_total: u64,
+    others_running: u64,
+}
+
 impl DecodeTiming {
-    fn start(&mut self, queued_tokens: u64, others_running: u64) {
-        self.first = Some((Instant::now(), queued_tokens, others_running));
+    fn start(&mut self, queued_tokens: u64, booked_total: u64, others_running: u64) {
+        self.first = Some(DecodeStart {
+            at: Instant::now(),
+            queued_tokens,
+            booked_total,
+            others_running,
+        });
     }
 
     fn chunk(&mut self, c: &[u8]) {
@@ -746,18 +761,24 @@ impl DecodeTiming {
     }
 
     /// At `[DONE]`: the answer's length (the engine's count when the client asked for usage,
-    /// which also adds the usage-only event; else the events) and its mean inter-token
-    /// latency.
+    /// which also adds the usage-only event; else the events), its mean inter-token latency,
+    /// and the prefill its steps carried: what was queued at its first token and what was
+    /// booked there since, per token decoded.
     fn finish(&mut self, st: &AppState, worker: &Worker, reported: Option<u64>) {
         let tokens = reported.unwrap_or(self.events).max(1);
         st.registry.output_tokens.observe(tokens);
-        if let (Some((t0, queued, others)), Some(t1)) = (self.first.take(), self.last) {
+        if let (Some(s), Some(t1)) = (self.first.take(), self.last) {
             if tokens >= 2 {
-                let itl_ms =
-                    t1.saturating_duration_since(t0).as_secs_f64() * 1e3 / (tokens - 1) as f64;
-                let (q, r) = (queued as f64, others as f64);
-                worker.decode.observe(q, r, itl_ms);
-                st.registry.fleet_decode.observe(q, r, itl_ms);
+                let steps = (tokens - 1) as f64;
+                let itl_ms = t1.saturating_duration_since(s.at).as_secs_f64() * 1e3 / steps;
+                let since = worker
+                    .booked_total
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(s.booked_total);
+                let prefill = s.queued_tokens.saturating_add(since) as f64 / steps;
+                let r = s.others_running as f64;
+                worker.decode.observe(prefill, r, itl_ms);
+                st.registry.fleet_decode.observe(prefill, r, itl_ms);
             }
         }
     }

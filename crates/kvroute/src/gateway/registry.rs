@@ -44,6 +44,9 @@ pub struct Worker {
     pub draining: AtomicBool,
     pub in_flight: AtomicU64,
     pub queued_prefill: AtomicU64,
+    /// Every prefill token this gateway has booked here, ever (a running total: the prefill
+    /// sent here between two moments is the difference of two readings).
+    pub booked_total: AtomicU64,
     /// This gateway's requests here whose first byte has not come back yet.
     pub prefilling: AtomicU64,
     /// Mean prefill tokens this gateway booked per request here (weight of the newest 1/32).
@@ -160,6 +163,7 @@ impl Worker {
             draining: AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
             queued_prefill: AtomicU64::new(0),
+            booked_total: AtomicU64::new(0),
             prefilling: AtomicU64::new(0),
             mean_prefill: Mutex::new(0.0),
             backlog: Mutex::new((0.0, Instant::now())),
@@ -357,6 +361,7 @@ impl LoadGuard {
     pub fn new(worker: Arc<Worker>, prefill: u64) -> LoadGuard {
         worker.in_flight.fetch_add(1, Ordering::Relaxed);
         worker.queued_prefill.fetch_add(prefill, Ordering::Relaxed);
+        worker.booked_total.fetch_add(prefill, Ordering::Relaxed);
         worker.book_backlog(prefill, Instant::now());
         worker.prefilling.fetch_add(1, Ordering::Relaxed);
         {

@@ -200,3 +200,24 @@ fn a_worker_that_names_a_kv_connector_hashes_without_lookahead_and_drops() {
         1
     );
 }
+
+#[test]
+fn the_prefill_stall_reads_as_a_word_and_a_wrong_one_names_the_field() {
+    let base = "[[workers]]\nname='a'\nurl='http://x'\nmodel='m'\n";
+    let c = GatewayConfig::from_toml(base).unwrap();
+    assert_eq!(c.weights.prefill_stall, PrefillStall::LaterTurns);
+    for (word, want) in [
+        ("off", PrefillStall::Off),
+        ("later-turns", PrefillStall::LaterTurns),
+        ("all", PrefillStall::All),
+    ] {
+        let c = GatewayConfig::from_toml(&format!("[weights]\nprefill_stall = '{word}'\n{base}"))
+            .unwrap();
+        assert_eq!(c.weights.prefill_stall, want);
+        assert_eq!(word.parse::<PrefillStall>(), Ok(want));
+    }
+    let e =
+        GatewayConfig::from_toml(&format!("[weights]\nprefill_stall = true\n{base}")).unwrap_err();
+    assert!(e.contains("prefill_stall"), "{e}");
+    assert!("sometimes".parse::<PrefillStall>().is_err());
+}
