@@ -518,20 +518,7 @@ mod tests {
             .store(6, std::sync::atomic::Ordering::Relaxed);
         teach_decode(&registry);
         let run = |weights: &PolicyWeights, max_tokens: Option<u64>| {
-            decide_with(
-                &registry,
-                &workers,
-                &prompt,
-                BlockExtras::default(),
-                false,
-                true,
-                max_tokens,
-                PolicyKind::HybridAware,
-                weights,
-                0,
-                false,
-            )
-            .decision
+            weighed_decision(&registry, &workers, &prompt, true, max_tokens, weights)
         };
         let d = run(&PolicyWeights::default(), None);
         let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
@@ -581,28 +568,9 @@ mod tests {
             workers[0].decode.sample_running(3.0);
         }
         let run = |weights: &PolicyWeights, follow_up: bool| {
-            decide_with(
-                &registry,
-                &workers,
-                &prompt,
-                BlockExtras::default(),
-                false,
-                follow_up,
-                None,
-                PolicyKind::HybridAware,
-                weights,
-                0,
-                false,
-            )
-            .decision
+            weighed_decision(&registry, &workers, &prompt, follow_up, None, weights)
         };
-        let pick = |d: &Decision, w: &str| {
-            d.candidates
-                .iter()
-                .find(|c| c.worker == w)
-                .cloned()
-                .expect("candidate")
-        };
+        let pick = candidate;
         let k = registry.follow_ups.expected();
         let (_, s) = registry.turns.cycle().expect("cycle learned");
         let d = run(&PolicyWeights::default(), false);
@@ -666,6 +634,25 @@ mod tests {
         prompt: &[u32],
         follow_up: bool,
     ) -> Decision {
+        weighed_decision(
+            registry,
+            workers,
+            prompt,
+            follow_up,
+            None,
+            &PolicyWeights::default(),
+        )
+    }
+
+    /// The hybrid-aware decision under `weights`, the answer capped at `max_tokens`.
+    fn weighed_decision(
+        registry: &Registry,
+        workers: &[Arc<Worker>],
+        prompt: &[u32],
+        follow_up: bool,
+        max_tokens: Option<u64>,
+        weights: &PolicyWeights,
+    ) -> Decision {
         decide_with(
             registry,
             workers,
@@ -673,13 +660,22 @@ mod tests {
             BlockExtras::default(),
             false,
             follow_up,
-            None,
+            max_tokens,
             PolicyKind::HybridAware,
-            &PolicyWeights::default(),
+            weights,
             0,
             false,
         )
         .decision
+    }
+
+    /// The candidate for worker `w` in a decision.
+    fn candidate(d: &Decision, w: &str) -> Candidate {
+        d.candidates
+            .iter()
+            .find(|c| c.worker == w)
+            .cloned()
+            .expect("candidate")
     }
 
     #[test]
