@@ -318,15 +318,21 @@ pub fn decide_with<'a>(
             // Each of a new conversation's later turns lengthens, with its prefill's chunks,
             // the steps of the requests running there then (and, if asked, so does this
             // request's own prefill those in flight now).
+            // Those queued ahead of it are decoding by the time its chunks run; a tier's load
+            // is a transfer beside the steps, not compute in them.
             let own_stall_ms = if weights.prefill_stall == PrefillStall::All {
-                prefill_stall_ms(own_ms, w.running() as f64)
+                prefill_stall_ms((own_ms - tier_load_ms).max(0.0), w.running() as f64)
             } else {
                 0.0
             };
-            let prefill_stall_ms = own_stall_ms
-                + cycle.map_or(0.0, |(_, s)| {
-                    follow_ups * prefill_stall_ms(s, w.decode.mean_running())
-                });
+            let prefill_stall_ms = if weights.prefill_stall == PrefillStall::Off {
+                0.0
+            } else {
+                own_stall_ms
+                    + cycle.map_or(0.0, |(_, s)| {
+                        follow_ups * prefill_stall_ms(s, w.decode.mean_running())
+                    })
+            };
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
@@ -545,13 +551,7 @@ mod tests {
         let d = run(&off, None);
         let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
         assert!(
-            (a.cost
-                - a.predicted_ttft_ms
-                - a.later_turns_ms
-                - a.delay_to_others_ms
-                - a.prefill_stall_ms)
-                .abs()
-                < 1e-6
+            (a.cost - a.predicted_ttft_ms - a.later_turns_ms - a.delay_to_others_ms).abs() < 1e-6
         );
     }
 
@@ -581,12 +581,14 @@ mod tests {
         assert_eq!(b.prefill_stall_ms, 0.0);
         assert!(a.own_prefill_ms < b.own_prefill_ms, "{d:?}");
         assert_eq!(d.worker, "b", "{d:?}");
-        // Switched off, the worker holding most of the prompt wins.
+        // Switched off, nothing is charged and the worker holding most of the prompt wins.
         let off = PolicyWeights {
             prefill_stall: PrefillStall::Off,
             ..PolicyWeights::default()
         };
-        assert_eq!(run(&off, false).worker, "a");
+        let d = run(&off, false);
+        assert!(d.candidates.iter().all(|c| c.prefill_stall_ms == 0.0));
+        assert_eq!(d.worker, "a");
         // Asked to, its own prefill is charged too: here, with nothing in flight, nothing more;
         // with six in flight on "a", six times its prefill there.
         let all = PolicyWeights {
@@ -601,6 +603,12 @@ mod tests {
         assert!(
             (a6.prefill_stall_ms - 6.0 * a6.own_prefill_ms).abs() < 1e-6,
             "{a6:?}"
+        );
+        // A new conversation pays both: its own prefill's and its later turns'.
+        let n6 = pick(&run(&all, false), "a");
+        assert!(
+            (n6.prefill_stall_ms - (want + 6.0 * n6.own_prefill_ms)).abs() < 1e-6,
+            "{n6:?}"
         );
         workers[0]
             .in_flight

@@ -5,8 +5,8 @@
 //! its steps carried and the requests running there, `itl = α + β·prefill + δ·running`,
 //! fitted online (the same recursive least squares as the TTFT model, [`super::ttft::Rls`],
 //! on its features `[1, prefill/1000, 0, running]`) from every streamed answer, `prefill`
-//! being the prefill tokens that shared the answer's steps per token it decoded (what was
-//! queued at its first token and what was booked there until its last, `β` thus the
+//! being the prefill tokens worked off on the worker while it decoded, per token (what was
+//! queued at its first token and booked there since, less what is queued at its last; `β` thus the
 //! engine's cost of a thousand prefill tokens) — the prefill chunks a decode step carries are
 //! the prefills', not the running requests', so δ is what a running request alone adds; [`OutputTokens`], the fleet's mean answer length; and
 //! [`decode_interference_ms`], the cost the policy adds to a candidate. An engine decodes all
@@ -22,8 +22,9 @@
 //! The steps that carry a prefill's chunks are longer for every sequence decoding in them
 //! (chunked prefill batches both), so a prefill of `P` milliseconds where `R` requests decode
 //! lengthens each of their answers by about `P`: [`prefill_stall_ms`] `= P·R`, charged for a
-//! new conversation's later turns (what their decode costs a prefill is already in its
-//! predicted TTFT).
+//! new conversation's later turns, and with `weights.prefill_stall = "all"` for each
+//! request's own prefill (what their decode costs a prefill is already in its predicted
+//! TTFT).
 //! Invariants: δ and the recent running count are never negative; the decode charge is 0
 //! with nothing running, no expected output, or an unfitted model, and grows with each; the
 //! stall is 0 with nothing running or no prefill, and grows with each; the mean answer length is finite and never

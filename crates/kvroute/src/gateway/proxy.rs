@@ -762,8 +762,8 @@ impl DecodeTiming {
 
     /// At `[DONE]`: the answer's length (the engine's count when the client asked for usage,
     /// which also adds the usage-only event; else the events), its mean inter-token latency,
-    /// and the prefill its steps carried: what was queued at its first token and what was
-    /// booked there since, per token decoded.
+    /// and the prefill its steps carried: what was queued at its first token and booked there
+    /// since, less what is still queued at its last, per token decoded.
     fn finish(&mut self, st: &AppState, worker: &Worker, reported: Option<u64>) {
         let tokens = reported.unwrap_or(self.events).max(1);
         st.registry.output_tokens.observe(tokens);
@@ -775,7 +775,11 @@ impl DecodeTiming {
                     .booked_total
                     .load(Ordering::Relaxed)
                     .saturating_sub(s.booked_total);
-                let prefill = s.queued_tokens.saturating_add(since) as f64 / steps;
+                let worked_off = s
+                    .queued_tokens
+                    .saturating_add(since)
+                    .saturating_sub(worker.queued_tokens());
+                let prefill = worked_off as f64 / steps;
                 let r = s.others_running as f64;
                 worker.decode.observe(prefill, r, itl_ms);
                 st.registry.fleet_decode.observe(prefill, r, itl_ms);
