@@ -316,22 +316,22 @@ pub fn decide_with<'a>(
                             w.decode.mean_running(),
                         );
             // Each of a new conversation's later turns lengthens, with its prefill's chunks,
-            // the steps of the requests running there then (and, if asked, so does this
-            // request's own prefill those in flight now).
-            // Those queued ahead of it are decoding by the time its chunks run; a tier's load
-            // is a transfer beside the steps, not compute in them.
-            let own_stall_ms = if weights.prefill_stall == PrefillStall::All {
-                prefill_stall_ms((own_ms - tier_load_ms).max(0.0), w.running() as f64)
-            } else {
-                0.0
+            // the steps of the requests running there then; with `all`, so does this
+            // request's own prefill those in flight now (those queued ahead of it are decoding
+            // by the time its chunks run; a tier's load is a transfer beside the steps, not
+            // compute in them).
+            let later_stall_ms = || {
+                cycle.map_or(0.0, |(_, s)| {
+                    follow_ups * prefill_stall_ms(s, w.decode.mean_running())
+                })
             };
-            let prefill_stall_ms = if weights.prefill_stall == PrefillStall::Off {
-                0.0
-            } else {
-                own_stall_ms
-                    + cycle.map_or(0.0, |(_, s)| {
-                        follow_ups * prefill_stall_ms(s, w.decode.mean_running())
-                    })
+            let prefill_stall_ms = match weights.prefill_stall {
+                PrefillStall::Off => 0.0,
+                PrefillStall::LaterTurns => later_stall_ms(),
+                PrefillStall::All => {
+                    later_stall_ms()
+                        + prefill_stall_ms((own_ms - tier_load_ms).max(0.0), w.running() as f64)
+                }
             };
             Candidate {
                 worker: w.spec.name.clone(),

@@ -6,10 +6,11 @@
 //! fitted online (the same recursive least squares as the TTFT model, [`super::ttft::Rls`],
 //! on its features `[1, prefill/1000, 0, running]`) from every streamed answer, `prefill`
 //! being the prefill tokens worked off on the worker while it decoded, per token (what was
-//! queued at its first token and booked there since, less what is queued at its last; `β` thus the
-//! engine's cost of a thousand prefill tokens) — the prefill chunks a decode step carries are
-//! the prefills', not the running requests', so δ is what a running request alone adds; [`OutputTokens`], the fleet's mean answer length; and
-//! [`decode_interference_ms`], the cost the policy adds to a candidate. An engine decodes all
+//! queued at its first token and booked there since, less what is queued at its last; `β` thus
+//! the engine's cost of a thousand prefill tokens) — the prefill chunks a decode step carries
+//! are the prefills', not the running requests', so δ is what a running request alone adds;
+//! [`OutputTokens`], the fleet's mean answer length; [`decode_interference_ms`] and
+//! [`prefill_stall_ms`], the costs the policy adds to a candidate. An engine decodes all
 //! its running sequences in every step (continuous batching), so each one lengthens every
 //! step by δ: a request decoding `O` tokens where `R` others run is slowed by `δ` a token by
 //! each of them, and slows each by `δ` a token, while they overlap. A running request has, on
@@ -27,8 +28,8 @@
 //! TTFT).
 //! Invariants: δ and the recent running count are never negative; the decode charge is 0
 //! with nothing running, no expected output, or an unfitted model, and grows with each; the
-//! stall is 0 with nothing running or no prefill, and grows with each; the mean answer length is finite and never
-//! negative.
+//! stall is 0 with nothing running or no prefill, and grows with each; the mean answer length
+//! is finite and never negative.
 //! Must not: read sockets or clocks; callers pass the observations.
 
 use super::ttft::Rls;

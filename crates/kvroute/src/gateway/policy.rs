@@ -8,7 +8,7 @@
 //! appears once in the ranking, best first (the retry takes the next one).
 //! Must not: look at sockets or the index: it ranks numbers the caller computed.
 
-use super::config::{CostModel, PolicyWeights, PrefillStall};
+use super::config::{CostModel, PolicyWeights};
 use super::ttft::Work;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
@@ -204,12 +204,8 @@ pub fn rank(
                         } else {
                             0.0
                         };
-                        let stall = if weights.prefill_stall == PrefillStall::Off {
-                            0.0
-                        } else {
-                            c.prefill_stall_ms
-                        };
-                        c.predicted_ttft_ms + later + others + decode + stall
+                        // `decide` leaves it at 0 under `weights.prefill_stall = "off"`.
+                        c.predicted_ttft_ms + later + others + decode + c.prefill_stall_ms
                             - weights.junction * c.junction as f64 * c.ms_per_token
                     }
                     CostModel::Tokens => {
