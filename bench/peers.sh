@@ -5,6 +5,7 @@
 #   bash bench/peers.sh                 # the whole matrix (4 × 3 × 2 × 2 cells, 6 routers)
 #   bash bench/peers.sh --quick         # one cell per workload (qwen3-next, tight pool, high load), ~25 min
 #   bash bench/peers.sh --workloads multi-turn --presets gemma3 --pools tight --loads high --repeat 3
+#   bash bench/peers.sh --workloads agentic --sessions 200 --requests 2000 ...   # a longer run of a generator
 #
 # Installs SMG (smg==1.13.0) and vllm-router (vllm-router==0.1.17) from PyPI into venvs of
 # their own under $PEERS_VENVS (default .peers/), builds kvroute, then for every cell and
@@ -25,6 +26,7 @@ WORKERS=4
 # model, SMG's load monitor) see what they would see in front of real engines.
 SPEEDUP=1
 REQUESTS=400
+SESSIONS=
 REPEAT=1
 WORKLOADS="mooncake shared-prefix multi-turn agentic"
 PRESETS="qwen3-next gemma3 llama"
@@ -37,6 +39,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --repeat) REPEAT=$2; shift 2 ;;
     --requests) REQUESTS=$2; shift 2 ;;
+    --sessions) SESSIONS=$2; shift 2 ;;
     --speedup) SPEEDUP=$2; shift 2 ;;
     --workers) WORKERS=$2; shift 2 ;;
     --workloads) WORKLOADS=${2//,/ }; shift 2 ;;
@@ -167,7 +170,7 @@ for rep in $(seq 1 "$REPEAT"); do
             "$KV" bench --target http://127.0.0.1:18080 --model "$preset" --workload "$wl" --engine-urls "$engines" \
               --tokens-per-block 256 --prompt-format text --speedup "$SPEEDUP" --time-scale "$SPEEDUP" \
               --rate "$(rate "$wl" "$load")" --max-requests "$REQUESTS" --block-size "$(align "$preset")" \
-              --timeout 120 --quiet --json "$json" --requests-log "${json%.json}.requests.jsonl" | sed -n 2p
+              ${SESSIONS:+--sessions "$SESSIONS"} --timeout 120 --quiet --json "$json" --requests-log "${json%.json}.requests.jsonl" | sed -n 2p
             cleanup
             sleep 1
           done

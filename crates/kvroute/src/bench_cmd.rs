@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Seed of the built-in generators.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Sessions a built-in generator makes (multi-turn conversations, agentic tasks, rag
+    /// queries, shared-prefix requests): a longer or shorter run of the same workload.
+    #[arg(long)]
+    sessions: Option<usize>,
     /// Arrivals (and a --fleet's engine) this many times faster than the schedule.
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
@@ -156,6 +160,7 @@ impl BenchArgs {
             max_prompt: self.max_prompt,
             max_output: self.max_output,
             seed: self.seed,
+            sessions: self.sessions,
             speedup: self.speedup,
             rate: self.rate,
             max_concurrency: self.max_concurrency,

@@ -106,6 +106,8 @@ pub struct BenchOptions {
     pub max_prompt: Option<usize>,
     pub max_output: u32,
     pub seed: u64,
+    /// Sessions a built-in generator makes (default: its own count).
+    pub sessions: Option<usize>,
     pub speedup: f64,
     /// Sessions per second (wall, before `speedup`); rescales the workload's schedule.
     pub rate: Option<f64>,
@@ -157,6 +159,7 @@ impl Default for BenchOptions {
             max_prompt: None,
             max_output: 32,
             seed: 1,
+            sessions: None,
             speedup: 1.0,
             rate: None,
             max_concurrency: None,
@@ -290,6 +293,7 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
         o.workload.as_deref(),
         o.trace.as_deref(),
         o.tokens_per_block,
+        o.sessions,
         &shape,
     )?;
     if let Some(r) = o.rate {

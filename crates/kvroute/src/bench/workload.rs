@@ -478,12 +478,21 @@ pub fn rag(r: &Rag, s: &Shape) -> Workload {
 }
 
 /// A workload by name: `shared-prefix`, `multi-turn`, `agentic`, `rag`, or a trace file.
+/// `sessions` sizes a built-in generator (its own count when `None`); a trace has its own.
 pub fn build(
     name: Option<&str>,
     trace: Option<&std::path::Path>,
     tokens_per_block: usize,
+    sessions: Option<usize>,
     s: &Shape,
 ) -> Result<Workload> {
+    let generated = matches!(name, Some(n) if n != "mooncake") && trace.is_none();
+    if sessions.is_some() && !generated {
+        bail!("--sessions sizes a built-in generator; a trace's length is set by --max-requests");
+    }
+    if sessions == Some(0) {
+        bail!("--sessions must be at least 1");
+    }
     match (name, trace) {
         (Some(_), Some(_)) => bail!("give either --workload or --trace, not both"),
         (_, Some(path)) => {
@@ -494,10 +503,42 @@ pub fn build(
         (None, None) | (Some("mooncake"), None) => {
             mooncake(crate::demo::trace::BUNDLED, "bundled", tokens_per_block, s)
         }
-        (Some("shared-prefix"), None) => Ok(shared_prefix(&SharedPrefix::default(), s)),
-        (Some("multi-turn"), None) => Ok(multi_turn(&MultiTurn::default(), s)),
-        (Some("agentic"), None) => Ok(agentic(&Agentic::default(), s)),
-        (Some("rag"), None) => Ok(rag(&Rag::default(), s)),
+        (Some("shared-prefix"), None) => {
+            let d = SharedPrefix::default();
+            let per_user = d.groups * d.questions;
+            let p = SharedPrefix {
+                users: sessions.map_or(d.users, |n| n.div_ceil(per_user)),
+                ..d
+            };
+            let mut w = shared_prefix(&p, s);
+            // Whole users per group overshoot; the first `n` arrivals are the run.
+            w.sessions.truncate(sessions.unwrap_or(usize::MAX));
+            Ok(w)
+        }
+        (Some("multi-turn"), None) => {
+            let d = MultiTurn::default();
+            let m = MultiTurn {
+                conversations: sessions.unwrap_or(d.conversations),
+                ..d
+            };
+            Ok(multi_turn(&m, s))
+        }
+        (Some("agentic"), None) => {
+            let d = Agentic::default();
+            let a = Agentic {
+                tasks: sessions.unwrap_or(d.tasks),
+                ..d
+            };
+            Ok(agentic(&a, s))
+        }
+        (Some("rag"), None) => {
+            let d = Rag::default();
+            let r = Rag {
+                queries: sessions.unwrap_or(d.queries),
+                ..d
+            };
+            Ok(rag(&r, s))
+        }
         (Some(other), None) => bail!(
             "unknown workload {other:?}: use mooncake, shared-prefix, multi-turn, agentic or rag"
         ),
@@ -565,6 +606,39 @@ mod tests {
             .sessions
             .windows(2)
             .all(|p| p[0].start_ms <= p[1].start_ms));
+    }
+
+    #[test]
+    fn sessions_sizes_every_generator_and_no_trace() {
+        let s = shape();
+        for (name, n) in [
+            ("multi-turn", 150),
+            ("agentic", 200),
+            ("rag", 37),
+            ("shared-prefix", 999),
+        ] {
+            let w = build(Some(name), None, 256, Some(n), &s).unwrap();
+            assert_eq!(w.sessions.len(), n, "{name}");
+            assert!(w
+                .sessions
+                .windows(2)
+                .all(|p| p[0].start_ms <= p[1].start_ms));
+        }
+        let agentic = build(Some("agentic"), None, 256, None, &s).unwrap();
+        assert_eq!(agentic.sessions.len(), Agentic::default().tasks);
+        // A longer run of the same workload: one system prompt, the same shape of tasks.
+        let long = build(Some("agentic"), None, 256, Some(200), &s).unwrap();
+        assert_eq!(long.sessions[0].system, agentic.sessions[0].system);
+        for (name, sessions) in [(Some("mooncake"), Some(10)), (Some("agentic"), Some(0))] {
+            let e = build(name, None, 256, sessions, &s)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--sessions"), "{e}");
+        }
+        let e = build(None, None, 256, Some(10), &s)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--max-requests"), "{e}");
     }
 
     #[test]
