@@ -171,6 +171,10 @@ for rep in $(seq 1 "$REPEAT"); do
               --tokens-per-block 256 --prompt-format text --speedup "$SPEEDUP" --time-scale "$SPEEDUP" \
               --rate "$(rate "$wl" "$load")" --max-requests "$REQUESTS" --block-size "$(align "$preset")" \
               ${SESSIONS:+--sessions "$SESSIONS"} --timeout 120 --quiet --json "$json" --requests-log "${json%.json}.requests.jsonl" | sed -n 2p
+            # kvroute's learned models at the end of the run (GET /admin/workers).
+            case "$router" in
+              kvroute-*) curl -sf -o "${json%.json}.workers.json" http://127.0.0.1:18081/admin/workers || true ;;
+            esac
             cleanup
             sleep 1
           done

@@ -69,6 +69,15 @@ pub struct Prediction {
     pub degraded: bool,
 }
 
+/// A worker's eviction figures ([`Index::eviction_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EvictionStats {
+    /// Tokens its ranks stored in their eviction groups (lowest full-attention group).
+    pub tokens_stored: u64,
+    /// Of those, tokens of blocks stored again after the rank removed them (re-prefilled).
+    pub tokens_restored: u64,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct IndexStats {
     pub ranks: usize,
@@ -407,6 +416,24 @@ impl Index {
             .collect()
     }
 
+    /// A worker's eviction figures summed over its ranks (`RankStats`' eviction-group
+    /// tokens); zeros for a worker never seen. Running totals: a rank dropped or reset takes
+    /// its share with it, so they can go backwards.
+    pub fn eviction_stats(&self, worker: &WorkerId) -> EvictionStats {
+        let ranks = self.ranks.read();
+        let from = ranks.sorted.partition_point(|((w, _), _)| w < worker);
+        ranks.sorted[from..]
+            .iter()
+            .take_while(|((w, _), _)| w == worker)
+            .fold(EvictionStats::default(), |sum, (_, rank)| {
+                let st = &rank.read().stats;
+                EvictionStats {
+                    tokens_stored: sum.tokens_stored + st.eviction_group_tokens_stored,
+                    tokens_restored: sum.tokens_restored + st.eviction_group_tokens_restored,
+                }
+            })
+    }
+
     /// Device contents per (worker, rank) → group → hash → copies (empty groups left out).
     pub fn contents(&self) -> BTreeMap<(WorkerId, u32), BTreeMap<u32, BTreeMap<u64, u32>>> {
         let ranks = self.ranks.read();
@@ -717,6 +744,86 @@ mod tests {
         hashes: &[u64],
     ) -> Event {
         Event::Stored(Stored::device(worker, group, kind, window, 16, hashes))
+    }
+
+    #[test]
+    fn a_full_attention_block_stored_again_after_its_removal_counts_as_restored() {
+        let index = Index::new();
+        let w: WorkerId = "w".into();
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1, 2, 3]));
+        index.apply(&store("w", 1, CacheKind::SlidingWindow, Some(64), &[1, 2]));
+        index.apply(&Event::Removed(crate::event::Removed::device(
+            "w",
+            0,
+            &[1, 2],
+        )));
+        index.apply(&Event::Removed(crate::event::Removed::device("w", 1, &[1])));
+        // Block 2 again, and block 4 new; the window group's re-store is not counted.
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[2, 4]));
+        index.apply(&store("w", 1, CacheKind::SlidingWindow, Some(64), &[1]));
+        assert_eq!(index.eviction_stats(&w), stats(80, 16));
+        // Restored once: storing it again after that is an ordinary store.
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[2]));
+        assert_eq!(index.eviction_stats(&w), stats(96, 16));
+        // A clear is no eviction: what follows it is not a re-prefill of evicted blocks.
+        index.apply(&Event::Removed(crate::event::Removed::device("w", 0, &[3])));
+        index.clear_rank(&w, 0);
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[3]));
+        assert_eq!(index.eviction_stats(&w).tokens_restored, 16);
+        assert_eq!(index.eviction_stats(&"other".into()), stats(0, 0));
+    }
+
+    fn stats(tokens_stored: u64, tokens_restored: u64) -> EvictionStats {
+        EvictionStats {
+            tokens_stored,
+            tokens_restored,
+        }
+    }
+
+    #[test]
+    fn only_the_lowest_full_attention_group_counts_so_a_prefill_counts_once() {
+        let index = Index::new();
+        let w: WorkerId = "w".into();
+        for group in [2, 5] {
+            index.apply(&store("w", group, CacheKind::FullAttention, None, &[1, 2]));
+            index.apply(&Event::Removed(crate::event::Removed::device(
+                "w",
+                group,
+                &[1],
+            )));
+            index.apply(&store("w", group, CacheKind::FullAttention, None, &[1]));
+        }
+        assert_eq!(index.eviction_stats(&w), stats(48, 16));
+    }
+
+    #[test]
+    fn a_block_an_offload_tier_holds_is_loaded_again_not_re_prefilled() {
+        let index = Index::new();
+        let w: WorkerId = "w".into();
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1, 2]));
+        let mut tier = Stored::device("w", 0, CacheKind::FullAttention, None, 16, &[1]);
+        tier.medium = Some("CPU".into());
+        index.apply(&Event::Stored(tier));
+        index.apply(&Event::Removed(crate::event::Removed::device(
+            "w",
+            0,
+            &[1, 2],
+        )));
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1, 2]));
+        assert_eq!(index.eviction_stats(&w), stats(64, 16));
+    }
+
+    #[test]
+    fn a_reset_rank_forgets_what_it_removed() {
+        let index = Index::new();
+        let w: WorkerId = "w".into();
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
+        index.apply(&Event::Removed(crate::event::Removed::device("w", 0, &[1])));
+        // A layout change resets the rank (twice here, there and back): block 1 stored after it
+        // is new content, not a re-prefill.
+        index.apply(&store("w", 0, CacheKind::SlidingWindow, Some(64), &[9]));
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
+        assert_eq!(index.eviction_stats(&w), stats(32, 0));
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! Owns: applying one normalized event to one rank (stores, removals, clears; device tier vs
 //! offload tiers; layout learning and layout changes; content-key placement; the live hash
 //! check, with vLLM 0.33's lookahead tokens when a store carries them), the per-rank
-//! statistics, and the rank's `Plan` (params and lookups) for predictions.
+//! statistics (the eviction group's stored and re-stored tokens among them), the blocks the
+//! eviction group removed lately, and the rank's `Plan` (params and lookups) for predictions.
 //! Invariants: only device-tier blocks reach the group holders; a removal takes one copy; a
-//! clear empties every device group but keeps the layout; a kind change clears the rank first;
+//! clear empties every device group but keeps the layout, and forgets the removed blocks (what
+//! follows a clear is no re-prefill of evicted content); a kind change clears the rank first;
 //! `plan` always equals `layout.plan(&config.lookup, config.rules())` (recomputed on every
 //! layout or configuration change; `layout` is public for reading, and changes only through `store`).
 //! Must not: lock anything (the index serializes access per rank) or predict.
@@ -13,6 +15,7 @@
 use crate::counters::{Counter, Counters};
 use crate::engine::{Engine, Rules};
 use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Rule, Stored, WorkerId};
+use crate::ghosts::Ghosts;
 use crate::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
 use crate::holder::{MixBuild, Multiset, SpecSet, SPEC_SLOTS};
 use crate::layout::{Layout, Learned, LookupConfig, Params, Plan};
@@ -84,7 +87,7 @@ impl WorkerConfig {
 /// model.
 pub const MAX_TIER_KEYS: usize = 1 << 20;
 
-/// Per-rank statistics (exposed per worker by the gateway).
+/// Per-rank statistics (the conformance report's; the gateway reads the eviction figures).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RankStats {
     pub stores: u64,
@@ -95,6 +98,13 @@ pub struct RankStats {
     pub hash_mismatched: u64,
     pub hash_unverifiable: u64,
     pub content_unplaceable: u64,
+    /// Device tokens the rank stored in its eviction group (its lowest-numbered full-attention
+    /// group: every group of a prefill stores together, so one counts each prefill once).
+    pub eviction_group_tokens_stored: u64,
+    /// Of those, the tokens of blocks stored again after this rank removed them (within the
+    /// last [`crate::ghosts::GHOST_KEYS`] removals) and held by no offload tier of the rank:
+    /// content the engine evicted and then had to prefill again.
+    pub eviction_group_tokens_restored: u64,
 }
 
 #[derive(Default, Clone, Debug)]
@@ -251,6 +261,8 @@ pub struct RankState {
     /// Full digests of blocks the router recomputed, by 64-bit value (parents for the check).
     digests: HashMap<u64, Digest, MixBuild>,
     pub stats: RankStats,
+    /// The eviction group's blocks removed lately (a later store of one re-prefilled it).
+    pub(crate) ghosts: Ghosts,
     /// Set by the intake while the rank's event stream has an unfilled gap.
     pub degraded: bool,
     /// Refusal reasons already logged for this rank (one bit per `Counter`).
@@ -271,6 +283,7 @@ impl RankState {
             specs: SpecTables::default(),
             offload: BTreeMap::new(),
             digests: HashMap::default(),
+            ghosts: Ghosts::default(),
             stats: RankStats::default(),
             degraded: false,
             logged: 0,
@@ -325,6 +338,7 @@ impl RankState {
             }
         }
         self.digests.clear();
+        self.ghosts.clear();
     }
 
     /// Forgets everything, layout included, and gives its shared holder ids back (call before
@@ -335,6 +349,7 @@ impl RankState {
         self.layout = Layout::default();
         self.replan();
         self.digests.clear();
+        self.ghosts.clear();
     }
 
     pub fn store(&mut self, ev: &Stored, counters: &Counters, runs: &mut Runs) {
@@ -418,6 +433,10 @@ impl RankState {
                     (Some(id), _) => {
                         let parent = ev.parent.as_ref().map(|p| p.value.0);
                         runs.insert_by(id, parent, &ev.hashes, |h| h.value.0);
+                        if self.is_eviction_group(group) {
+                            let blocks = ev.hashes.iter().map(|h| (h.value.0, h.value.0));
+                            self.count_stores(group, ev.block_size, blocks);
+                        }
                     }
                     (None, Some((t, slot))) => {
                         if let Some(set) = self.specs.get_mut(t) {
@@ -464,6 +483,7 @@ impl RankState {
             return;
         }
         let content_mode = self.config.hash == HashMode::ContentKey;
+        let counted = self.is_eviction_group(group);
         let place = place_for(&self.layout, &mut self.specs, group);
         let g = self.groups.entry_or_default(group, place, runs);
         let mut own = g
@@ -482,6 +502,9 @@ impl RankState {
                         *copies -= 1;
                         if *copies == 0 {
                             g.content.remove(&h.value.0);
+                            if counted && g.shared.is_some() {
+                                self.ghosts.push(key);
+                            }
                         }
                         Some(key)
                     }
@@ -506,6 +529,11 @@ impl RankState {
             };
             removed += r;
             unknown += u;
+            if direct && counted {
+                for h in &ev.hashes {
+                    self.ghosts.push(h.value.0);
+                }
+            }
         }
         // One atomic add per event, not per block.
         counters.add(Counter::BlocksRemoved, removed);
@@ -563,11 +591,15 @@ impl RankState {
             .own
             .and_then(|(t, slot)| Some((self.specs.get_mut(t)?, slot)));
         let mut batch: Vec<u64> = Vec::new();
+        let mut placed_hashes: Vec<u64> = Vec::new();
         for (hsh, key) in ev.hashes.iter().zip(keys) {
             match key {
                 Some(k) => {
                     match (g.shared, own.as_mut()) {
-                        (Some(_), _) => batch.push(k),
+                        (Some(_), _) => {
+                            batch.push(k);
+                            placed_hashes.push(hsh.value.0);
+                        }
                         (None, Some((set, slot))) => set.insert(*slot, k),
                         (None, None) => {}
                     }
@@ -577,8 +609,15 @@ impl RankState {
                 None => unplaceable += 1,
             }
         }
-        if let Some(id) = g.shared {
+        let shared = g.shared;
+        if let Some(id) = shared {
             runs.insert(id, parent_key, &batch);
+        }
+        if shared.is_some() && self.is_eviction_group(group) {
+            // `batch` holds the placed blocks' keys in the event's order, `placed_hashes`
+            // their engine hashes (what an offload tier holds).
+            let blocks = placed_hashes.into_iter().zip(batch);
+            self.count_stores(group, ev.block_size, blocks);
         }
         counters.add(Counter::BlocksStored, placed);
         if unplaceable > 0 {
@@ -591,6 +630,42 @@ impl RankState {
             );
             self.stats.content_unplaceable += unplaceable;
         }
+    }
+
+    /// Whether `group` is the rank's eviction group: its lowest-numbered full-attention group
+    /// (the one whose stores and removals the eviction figures count).
+    fn is_eviction_group(&self, group: u32) -> bool {
+        self.layout
+            .groups
+            .iter()
+            .find(|(_, spec)| spec.kind == CacheKind::FullAttention)
+            .is_some_and(|(id, _)| *id == group)
+    }
+
+    /// Counts a device store of the eviction group: its tokens, and those of the blocks the
+    /// rank removed lately (`blocks`: each block's engine hash and its key in the holder) that
+    /// no offload tier of the group holds (a tier load is no prefill).
+    fn count_stores(
+        &mut self,
+        group: u32,
+        block_size: u32,
+        blocks: impl Iterator<Item = (u64, u64)>,
+    ) {
+        let (ghosts, offload) = (&mut self.ghosts, &self.offload);
+        let (mut stored, mut restored) = (0u64, 0u64);
+        for (engine_hash, key) in blocks {
+            stored += 1;
+            let loaded = || {
+                offload
+                    .iter()
+                    .any(|((_, g), tier)| *g == group && tier.contains(engine_hash))
+            };
+            if ghosts.take(key) && !loaded() {
+                restored += 1;
+            }
+        }
+        self.stats.eviction_group_tokens_stored += stored * u64::from(block_size);
+        self.stats.eviction_group_tokens_restored += restored * u64::from(block_size);
     }
 
     fn lookup_content(&self, group: u32, engine_hash: u64) -> Option<u64> {
@@ -754,6 +829,7 @@ impl RankState {
             .sum::<usize>()
             + self.specs.heap_bytes()
             + self.digests.capacity() * 41
+            + self.ghosts.heap_bytes()
     }
 
     pub(crate) fn block_copies(&self, runs: &Runs) -> u64 {

@@ -200,3 +200,17 @@ fn a_content_key_rank_loaded_from_its_image_keeps_its_keys_and_their_engine_hash
     loaded.apply(&Event::Removed(removed));
     assert_eq!(loaded.predict(&"w".into(), 0, &q).cached, 32);
 }
+
+#[test]
+fn content_evicted_and_prefilled_again_counts_as_restored_whatever_its_engine_hash() {
+    let idx = content_index();
+    let t = tokens(6, 64);
+    idx.apply(&dense_store("w", 16, None, &[11, 12], &t[..32]));
+    idx.apply(&Event::Removed(Removed::device("w", 0, &[12])));
+    // The same tokens on the same parent, under a new opaque hash (SGLang's are per store).
+    idx.apply(&dense_store("w", 16, Some(11), &[21], &t[16..32]));
+    // New content after it is not a re-prefill.
+    idx.apply(&dense_store("w", 16, Some(21), &[22], &t[32..48]));
+    let s = idx.eviction_stats(&"w".into());
+    assert_eq!((s.tokens_stored, s.tokens_restored), (64, 16));
+}

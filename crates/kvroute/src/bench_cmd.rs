@@ -120,6 +120,9 @@ pub struct BenchArgs {
     /// (off | later-turns | all).
     #[arg(long)]
     prefill_stall: Option<kvroute::gateway::config::PrefillStall>,
+    /// The in-process gateway's pricing of the cache a placement evicts (true | false).
+    #[arg(long)]
+    eviction: Option<bool>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -188,6 +191,7 @@ impl BenchArgs {
             delay_to_others: self.delay_to_others,
             decode_interference: self.decode_interference,
             prefill_stall: self.prefill_stall,
+            eviction: self.eviction,
         })
     }
 }

@@ -234,6 +234,11 @@ struct ServeArgs {
     /// also each request's own (all), or none (off).
     #[arg(long)]
     prefill_stall: Option<kvroute::gateway::config::PrefillStall>,
+    /// Cost model ttft: price the prefill later requests spend on what a placement pushes out
+    /// of the worker's pool, at the worker's learned re-prefill rate (true) or leave it out
+    /// (false, the default).
+    #[arg(long)]
+    eviction: Option<bool>,
     /// The prefill queued on a worker drains at its learned prefill rate (true, the default)
     /// or counts whole until each request's first byte (false).
     #[arg(long)]
@@ -398,6 +403,9 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(p) = a.prefill_stall {
         cfg.weights.prefill_stall = p;
+    }
+    if let Some(e) = a.eviction {
+        cfg.weights.eviction = e;
     }
     if let Some(q) = a.queue_drain {
         cfg.weights.queue_drain = q;

@@ -145,6 +145,8 @@ pub struct BenchOptions {
     pub decode_interference: Option<bool>,
     /// The in-process gateway's `weights.prefill_stall` (default: the gateway's own).
     pub prefill_stall: Option<crate::gateway::config::PrefillStall>,
+    /// The in-process gateway's `weights.eviction` (default: the gateway's own).
+    pub eviction: Option<bool>,
 }
 
 impl Default for BenchOptions {
@@ -184,6 +186,7 @@ impl Default for BenchOptions {
             delay_to_others: None,
             decode_interference: None,
             prefill_stall: None,
+            eviction: None,
         }
     }
 }
@@ -212,6 +215,9 @@ async fn start_kvroute(
     }
     if let Some(p) = o.prefill_stall {
         weights.prefill_stall = p;
+    }
+    if let Some(e) = o.eviction {
+        weights.eviction = e;
     }
     weights.cost = simfleet::cost_for(o.speedup, o.cost);
     let shape = FleetShape {

@@ -497,6 +497,13 @@ pub struct PolicyWeights {
     /// (`later-turns`, the default), also every request's own (`all`), or none (`off`).
     #[serde(default)]
     pub prefill_stall: PrefillStall,
+    /// Cost model `ttft`: add, for each candidate, the prefill later requests will spend on
+    /// what this request's uncached tokens push out of the worker's pool: those tokens times
+    /// the worker's re-prefill rate (learned from its events, [`super::eviction`]) at its
+    /// prefill cost. Off by default: on the eviction-heavy matrix cells it measured even to
+    /// worse (docs/routing.md, "The eviction charge").
+    #[serde(default)]
+    pub eviction: bool,
     /// The prefill queued on a worker is its bookings less what the engine has worked off
     /// since, at the worker's learned prefill rate ([`super::registry::Worker::queued_tokens`]).
     /// `false` counts every booking whole until its first byte.
@@ -586,6 +593,7 @@ impl Default for PolicyWeights {
             delay_to_others: default_later_turns(),
             decode_interference: default_later_turns(),
             prefill_stall: PrefillStall::default(),
+            eviction: false,
             queue_drain: default_later_turns(),
             cpu_load_us_per_token: default_cpu_load_us_per_token(),
         }

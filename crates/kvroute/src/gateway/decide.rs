@@ -9,9 +9,10 @@
 //! Must not: send anything upstream.
 
 use super::arrivals::delay_to_others_ms;
-use super::config::{PolicyWeights, PrefillStall};
+use super::config::{CostModel, PolicyWeights, PrefillStall};
 use super::conversations::conversation_cost_ms;
 use super::decoding::{decode_interference_ms, prefill_stall_ms};
+use super::eviction::eviction_ms;
 use super::pending::{prompt_checkpoint, Forecast, Prompt};
 use super::policy::{junction_credit, rank, Candidate, PolicyKind};
 use super::registry::{Registry, Worker};
@@ -234,7 +235,8 @@ pub fn decide_with<'a>(
     // Where a conversation starts, its later turns follow: a new conversation is priced with
     // the wait each candidate's load will add to them. A follow-up's conversation already
     // lives where its history is cached; moving it would re-prefill and re-store that history
-    // (the cache it destroys is not priced), so it is ranked by its own TTFT.
+    // (what that pushes out is the eviction charge's; the history left behind is not priced),
+    // so it is ranked by its own TTFT.
     let follow_ups = if policy.uses_cache() && !follow_up {
         registry.follow_ups.expected()
     } else {
@@ -333,6 +335,20 @@ pub fn decide_with<'a>(
                         + prefill_stall_ms((own_ms - tier_load_ms).max(0.0), w.running() as f64)
                 }
             };
+            // The worker's re-prefill rate is learned under every cache policy (the admin view
+            // shows it); what this request's uncached tokens push out of a full pool at that
+            // rate is charged only where the weights ask for it.
+            if policy.uses_cache() && w.eviction.claim(now) {
+                let requests = w.bookings_total.load(std::sync::atomic::Ordering::Relaxed);
+                w.eviction
+                    .observe(registry.index.eviction_stats(&w.id), requests);
+            }
+            let eviction_ms =
+                if weights.eviction && weights.cost == CostModel::Ttft && policy.uses_cache() {
+                    eviction_ms(expected as f64, w.eviction.rate(), ms_per_token)
+                } else {
+                    0.0
+                };
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
@@ -347,6 +363,7 @@ pub fn decide_with<'a>(
                 delay_to_others_ms,
                 decode_interference_ms,
                 prefill_stall_ms,
+                eviction_ms,
                 own_prefill_ms: own_ms,
                 live_conversations: live,
                 load_delay_ms,
@@ -439,7 +456,7 @@ fn is_zero(v: &u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::config::{CostModel, WorkerSpec};
+    use crate::gateway::config::WorkerSpec;
     use crate::gateway::registry::LoadGuard;
     use kvroute_index::event::{CacheKind, Event, Stored};
     use kvroute_index::hash::{HashAlgo, DEFAULT_SEED};
@@ -509,6 +526,66 @@ mod tests {
                 .turns
                 .observe_gap(std::time::Duration::from_millis(gap_ms));
             registry.turns.observe_prefill(prefill_ms);
+        }
+    }
+
+    #[test]
+    fn a_worker_re_prefilling_what_it_evicted_is_charged_for_what_a_placement_pushes_out() {
+        use kvroute_index::event::Removed;
+        let (registry, workers) = fleet(&["a", "b"]);
+        // Neither holds the prompt. Since "a"'s figures were last read, it stored 100 blocks,
+        // evicted them and stored them all again (1,600 of 3,200 tokens re-prefilled) over 16
+        // requests: half, counted half, a rate of a quarter.
+        workers[0]
+            .eviction
+            .observe(kvroute_index::EvictionStats::default(), 0);
+        let blocks: Vec<u64> = (1..=100).collect();
+        let stored = || {
+            Event::Stored(Stored::device(
+                "a",
+                0,
+                CacheKind::FullAttention,
+                None,
+                16,
+                &blocks,
+            ))
+        };
+        registry.index.apply(&stored());
+        registry
+            .index
+            .apply(&Event::Removed(Removed::device("a", 0, &blocks)));
+        registry.index.apply(&stored());
+        workers[0]
+            .bookings_total
+            .store(16, std::sync::atomic::Ordering::Relaxed);
+        let prompt: Vec<u32> = (0..640).collect();
+        let decide = |weights: &PolicyWeights| {
+            weighed_decision(&registry, &workers, &prompt, true, None, weights)
+        };
+        let on = PolicyWeights {
+            eviction: true,
+            ..PolicyWeights::default()
+        };
+        let d = decide(&on);
+        let a = candidate(&d, "a");
+        assert!(
+            (a.eviction_ms - 640.0 * 0.25 * a.ms_per_token).abs() < 1e-9,
+            "{a:?}"
+        );
+        assert!(a.eviction_ms > 0.0);
+        assert_eq!(candidate(&d, "b").eviction_ms, 0.0);
+        assert_eq!(d.worker, "b");
+        // Off (the default), or under the token cost (which has no milliseconds to add it
+        // to), nothing is charged and the tie goes to the first name; the rate is still known.
+        let tokens = PolicyWeights {
+            cost: CostModel::Tokens,
+            ..on
+        };
+        assert!((workers[0].eviction.rate() - 0.25).abs() < 1e-12);
+        for weights in [PolicyWeights::default(), tokens] {
+            let d = decide(&weights);
+            assert_eq!(candidate(&d, "a").eviction_ms, 0.0);
+            assert_eq!(d.worker, "a");
         }
     }
 

@@ -18,6 +18,7 @@ pub mod decoding;
 pub mod disagg;
 pub mod discovery;
 pub mod engine_load;
+pub mod eviction;
 pub mod fleet;
 pub mod health;
 pub mod intake;

@@ -1,9 +1,10 @@
 //! Routing policies: which worker a request goes to.
 //!
 //! Owns: `PolicyKind` (`hybrid-aware`, `group-blind`, `round-robin`, `least-load`) and the
-//! ranking of candidates by cost — for the cache policies the predicted TTFT less the junction
-//! credit priced at the worker's prefill rate (or, with cost model `tokens`, the tokens
-//! `expected_uncached + λ·load − μ·junction`) —, ties broken by load, then name.
+//! ranking of candidates by cost — for the cache policies the predicted TTFT plus the charges
+//! `decide` computed beside it, less the junction credit priced at the worker's prefill rate
+//! (or, with cost model `tokens`, the tokens `expected_uncached + λ·load − μ·junction`) —,
+//! ties broken by load, then name.
 //! Invariants: ranking is deterministic for equal inputs (round-robin aside); every candidate
 //! appears once in the ranking, best first (the retry takes the next one).
 //! Must not: look at sockets or the index: it ranks numbers the caller computed.
@@ -113,6 +114,10 @@ pub struct Candidate {
     /// `weights.prefill_stall = "all"` this request's own prefill to those in flight here.
     #[serde(skip_serializing_if = "is_zero_f")]
     pub prefill_stall_ms: f64,
+    /// The prefill later requests will spend on what this request's uncached tokens push out
+    /// of the worker's pool (ms; [`super::eviction`]; 0 with `weights.eviction = false`).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub eviction_ms: f64,
     /// The wait this worker's load adds to a request sent there now (ms).
     pub load_delay_ms: f64,
     /// What the prediction was made from.
@@ -121,7 +126,9 @@ pub struct Candidate {
     /// The model's cost of one more prefill token here (ms): the junction credit's price.
     #[serde(skip)]
     pub ms_per_token: f64,
-    /// Cache policies: `predicted_ttft_ms − μ·junction·ms_per_token` (cost model `ttft`), or
+    /// Cache policies: `predicted_ttft_ms` plus the enabled charges above (later turns, delay
+    /// to others, decode interference, prefill stall, eviction) `− μ·junction·ms_per_token`
+    /// (cost model `ttft`), or
     /// `expected_uncached + λ·load − μ·junction` tokens (cost model `tokens`); `load`
     /// (least-load); position (round-robin).
     pub cost: f64,
@@ -204,8 +211,14 @@ pub fn rank(
                         } else {
                             0.0
                         };
-                        // `decide` leaves it at 0 under `weights.prefill_stall = "off"`.
-                        c.predicted_ttft_ms + later + others + decode + c.prefill_stall_ms
+                        // `decide` leaves the stall at 0 under `weights.prefill_stall = "off"`,
+                        // and the eviction charge under `weights.eviction = false`.
+                        c.predicted_ttft_ms
+                            + later
+                            + others
+                            + decode
+                            + c.prefill_stall_ms
+                            + c.eviction_ms
                             - weights.junction * c.junction as f64 * c.ms_per_token
                     }
                     CostModel::Tokens => {
@@ -244,6 +257,7 @@ mod tests {
             delay_to_others_ms: 0.0,
             decode_interference_ms: 0.0,
             prefill_stall_ms: 0.0,
+            eviction_ms: 0.0,
             own_prefill_ms: 0.0,
             live_conversations: 0.0,
             load_delay_ms: 0.0,

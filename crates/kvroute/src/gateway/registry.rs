@@ -18,6 +18,7 @@ use super::config::WorkerSpec;
 use super::conversations::{Live, TurnStats};
 use super::decoding::{DecodeModel, OutputTokens};
 use super::engine_load::EngineLoad;
+use super::eviction::{EvictionModel, EvictionView};
 use super::intake::RankSink;
 use super::pending::{Pending, Prompt};
 use super::sessions::FollowUps;
@@ -47,6 +48,8 @@ pub struct Worker {
     /// Every prefill token this gateway has booked here, ever (a running total: the prefill
     /// sent here between two moments is the difference of two readings).
     pub booked_total: AtomicU64,
+    /// Every request this gateway has booked here, ever (a running total).
+    pub bookings_total: AtomicU64,
     /// This gateway's requests here whose first byte has not come back yet.
     pub prefilling: AtomicU64,
     /// Mean prefill tokens this gateway booked per request here (weight of the newest 1/32).
@@ -78,6 +81,8 @@ pub struct Worker {
     pub live: Live,
     /// The rate of requests routed here (the delay-to-others charge).
     pub arrivals: Arrivals,
+    /// How much of its prefill re-does what its engine evicted (the eviction charge).
+    pub eviction: EvictionModel,
     /// LoRA adapters served beside the base model: name → path (the spec's, then as the
     /// worker's `/v1/models` lists them).
     pub adapters: RwLock<BTreeMap<String, String>>,
@@ -140,6 +145,8 @@ pub struct WorkerView {
     /// The worker's learned TTFT model.
     pub ttft_model: super::ttft::TtftView,
     pub decode_model: super::decoding::DecodeView,
+    /// Its re-prefill rate ([`super::eviction`]).
+    pub eviction_model: EvictionView,
 }
 
 impl Worker {
@@ -164,6 +171,7 @@ impl Worker {
             in_flight: AtomicU64::new(0),
             queued_prefill: AtomicU64::new(0),
             booked_total: AtomicU64::new(0),
+            bookings_total: AtomicU64::new(0),
             prefilling: AtomicU64::new(0),
             mean_prefill: Mutex::new(0.0),
             backlog: Mutex::new((0.0, Instant::now())),
@@ -179,6 +187,7 @@ impl Worker {
             decode: DecodeModel::default(),
             live: Live::default(),
             arrivals: Arrivals::default(),
+            eviction: EvictionModel::default(),
         }
     }
 
@@ -345,6 +354,7 @@ impl Worker {
             adapters: self.adapters.read().clone(),
             ttft_model: self.ttft.view(),
             decode_model: self.decode.view(),
+            eviction_model: self.eviction.view(),
         }
     }
 }
@@ -362,6 +372,7 @@ impl LoadGuard {
         worker.in_flight.fetch_add(1, Ordering::Relaxed);
         worker.queued_prefill.fetch_add(prefill, Ordering::Relaxed);
         worker.booked_total.fetch_add(prefill, Ordering::Relaxed);
+        worker.bookings_total.fetch_add(1, Ordering::Relaxed);
         worker.book_backlog(prefill, Instant::now());
         worker.prefilling.fetch_add(1, Ordering::Relaxed);
         {

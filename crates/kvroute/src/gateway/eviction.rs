@@ -1,0 +1,216 @@
+//! The cache a placement destroys: how much of what a worker's engine stores re-does content it
+//! evicted, learned from the worker's own events.
+//!
+//! Owns: per worker, the running totals read from the index
+//! ([`kvroute_index::EvictionStats`]: the tokens its ranks stored in their eviction group, and
+//! of those the tokens stored again after their removal) and from the gateway (requests booked
+//! there, [`super::registry::Worker::bookings_total`]); their growth in sums that fade by half
+//! every [`HALF_LIFE_REQUESTS`] requests booked there; and the rate they give: re-stored tokens
+//! per stored token. Both tokens come from the engine's one event stream, so traffic other
+//! gateways send the worker counts on both sides. On a full pool each block a prefill stores
+//! evicts an older one; the rate is how often what was evicted has been asked for again, so a
+//! placement of `u` uncached tokens there is charged [`eviction_ms`] = `u · rate ·
+//! ms_per_token`: the prefill later requests will spend on what this one pushes out.
+//! Invariants: the rate is 0 until the worker has re-stored something (a pool that never
+//! evicts, or evicts only what nobody asks for again, costs nothing); it is never negative and
+//! never above 1 (a re-stored token was stored); it is shrunk by `B / (B + PRIOR_REQUESTS)`, B
+//! the faded bookings, so a few early re-stores do not read as a rate. One caller at a time
+//! reads the index for a worker ([`EvictionModel::claim`]), so readings are applied in order;
+//! totals that go backwards (a rank dropped from the index takes its share along) restart the
+//! reading.
+//! Must not: read the index itself (the caller passes the totals in) or rank anything.
+
+use kvroute_index::EvictionStats;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// The sums fade by half after this many requests booked on the worker: the rate follows the
+/// traffic of the last few hundred requests, like the TTFT model's forgetting.
+pub const HALF_LIFE_REQUESTS: f64 = 256.0;
+/// The shrinkage's weight: a worker's rate counts half after this many requests (as the TTFT
+/// and decode models wait for 16 answers before trusting a worker's own figures).
+pub const PRIOR_REQUESTS: f64 = 16.0;
+/// The index is read for a worker at most this often.
+pub const REFRESH: Duration = Duration::from_millis(200);
+
+#[derive(Default)]
+struct State {
+    /// The last totals read: (tokens restored, tokens stored, requests booked).
+    last: Option<(u64, u64, u64)>,
+    read_at: Option<Instant>,
+    restored: f64,
+    stored: f64,
+    requests: f64,
+}
+
+/// A worker's re-prefill rate.
+#[derive(Default)]
+pub struct EvictionModel {
+    state: Mutex<State>,
+}
+
+/// What `GET /admin/workers` shows of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct EvictionView {
+    /// Re-stored tokens per stored token, shrunk (what the charge multiplies by).
+    pub restored_per_stored_token: f64,
+    /// The faded sums the rate is made of.
+    pub restored_tokens: f64,
+    pub stored_tokens: f64,
+    pub requests: f64,
+}
+
+impl EvictionModel {
+    /// Whether the caller is to read the totals at `now`: true at most once per [`REFRESH`]
+    /// (checked and marked under one lock, so concurrent decisions do not both read).
+    pub fn claim(&self, now: Instant) -> bool {
+        let mut s = self.state.lock();
+        let due = s
+            .read_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= REFRESH);
+        if due {
+            s.read_at = Some(now);
+        }
+        due
+    }
+
+    /// Adds the totals' growth since the last reading: the index's `stats` and `requests`
+    /// booked on the worker, all running totals.
+    pub fn observe(&self, stats: EvictionStats, requests: u64) {
+        let now = (stats.tokens_restored, stats.tokens_stored, requests);
+        let mut s = self.state.lock();
+        let Some((r0, s0, q0)) = s.last.replace(now) else {
+            return;
+        };
+        if now.0 < r0 || now.1 < s0 || now.2 < q0 {
+            return;
+        }
+        let dq = (now.2 - q0) as f64;
+        let fade = 0.5f64.powf(dq / HALF_LIFE_REQUESTS);
+        s.restored = s.restored * fade + (now.0 - r0) as f64;
+        s.stored = s.stored * fade + (now.1 - s0) as f64;
+        s.requests = s.requests * fade + dq;
+    }
+
+    /// Re-stored tokens per stored token, shrunk by the requests seen.
+    pub fn rate(&self) -> f64 {
+        let s = self.state.lock();
+        rate_of(s.restored, s.stored, s.requests)
+    }
+
+    pub fn view(&self) -> EvictionView {
+        let s = self.state.lock();
+        EvictionView {
+            restored_per_stored_token: rate_of(s.restored, s.stored, s.requests),
+            restored_tokens: s.restored,
+            stored_tokens: s.stored,
+            requests: s.requests,
+        }
+    }
+}
+
+fn rate_of(restored: f64, stored: f64, requests: f64) -> f64 {
+    if restored <= 0.0 || stored <= 0.0 || requests <= 0.0 {
+        return 0.0;
+    }
+    let rate = restored / stored * requests / (requests + PRIOR_REQUESTS);
+    if rate.is_finite() {
+        rate.clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+/// The prefill later requests will spend on what `uncached` new tokens push out of a full pool
+/// (ms): `uncached · rate · ms_per_token`; 0 for anything not finite or negative.
+pub fn eviction_ms(uncached: f64, rate: f64, ms_per_token: f64) -> f64 {
+    let v = uncached * rate * ms_per_token;
+    if v.is_finite() && v > 0.0 {
+        v
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(tokens_stored: u64, tokens_restored: u64) -> EvictionStats {
+        EvictionStats {
+            tokens_stored,
+            tokens_restored,
+        }
+    }
+
+    #[test]
+    fn a_pool_that_never_re_stores_costs_nothing() {
+        let m = EvictionModel::default();
+        m.observe(stats(0, 0), 0);
+        m.observe(stats(500_000, 0), 1_000);
+        assert_eq!(m.rate(), 0.0);
+        assert_eq!(eviction_ms(2000.0, m.rate(), 0.06), 0.0);
+    }
+
+    #[test]
+    fn the_rate_is_re_stored_over_stored_tokens_shrunk_by_the_requests_seen() {
+        let m = EvictionModel::default();
+        m.observe(stats(1_000, 100), 3);
+        // The first reading only sets the baseline.
+        assert_eq!(m.rate(), 0.0);
+        m.observe(stats(5_000, 1_100), 19);
+        // 1,000 of 4,000 tokens re-stored over 16 requests: a quarter, counted half.
+        assert!((m.rate() - 0.125).abs() < 1e-12);
+        m.observe(stats(50_000, 1_100), 19 + 10_000);
+        assert!(m.rate() < 1e-9, "old re-stores fade under new stores");
+        assert!((eviction_ms(400.0, 0.25, 0.05) - 5.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn old_traffic_fades_by_half_after_the_half_life() {
+        let m = EvictionModel::default();
+        let life = HALF_LIFE_REQUESTS as u64;
+        m.observe(stats(0, 0), 0);
+        m.observe(stats(1_000, 1_000), 0);
+        // A half-life of requests storing nothing halves the old sums.
+        m.observe(stats(1_000, 1_000), life);
+        let v = m.view();
+        assert!((v.restored_tokens - 500.0).abs() < 1e-6);
+        assert!((v.stored_tokens - 500.0).abs() < 1e-6);
+        assert!((v.requests - life as f64).abs() < 1e-6);
+    }
+
+    #[test]
+    fn totals_that_go_backwards_restart_the_reading() {
+        let m = EvictionModel::default();
+        m.observe(stats(1_000, 500), 10);
+        m.observe(stats(20, 10), 10);
+        assert_eq!(m.view().stored_tokens, 0.0);
+        m.observe(stats(120, 20), 10 + 1_000_000);
+        assert!((m.rate() - 0.1).abs() < 1e-5);
+    }
+
+    #[test]
+    fn the_rate_never_leaves_zero_to_one_and_the_charge_is_never_negative() {
+        assert_eq!(rate_of(10.0, 1.0, 1e12), 1.0);
+        assert_eq!(rate_of(-1.0, 1.0, 1.0), 0.0);
+        assert_eq!(rate_of(1.0, 0.0, 1.0), 0.0);
+        assert_eq!(rate_of(f64::INFINITY, 1.0, 1.0), 0.0);
+        assert_eq!(eviction_ms(-5.0, 0.5, 0.1), 0.0);
+        assert_eq!(eviction_ms(f64::INFINITY, 0.5, 0.1), 0.0);
+    }
+
+    #[test]
+    fn one_caller_reads_the_index_per_refresh_interval() {
+        let m = EvictionModel::default();
+        let t = Instant::now();
+        assert!(m.claim(t));
+        assert!(
+            !m.claim(t),
+            "a second decision at the same moment does not read again"
+        );
+        assert!(!m.claim(t + REFRESH / 2));
+        assert!(m.claim(t + REFRESH));
+    }
+}
