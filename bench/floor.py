@@ -43,7 +43,8 @@ def main(dirs):
     for d in dirs:
         for p in sorted(pathlib.Path(d).glob("*.json")):
             parts = p.name.split(".")
-            if len(parts) < 7:
+            # CELL(4 parts).ROUTER.RUN.json, not a run's saved /admin/workers (.workers.json).
+            if len(parts) != 7:
                 continue
             cell, router = ".".join(parts[:4]), parts[4]
             runs[(cell, router)].append(json.loads(p.read_text())["targets"][0])

@@ -22,7 +22,8 @@ def load(outs):
     runs = collections.defaultdict(list)
     for p in sorted(q for out in outs for q in pathlib.Path(out).glob("*.json")):
         parts = p.name.split(".")
-        if len(parts) < 7:
+        # CELL(4 parts).ROUTER.RUN.json; a run's saved /admin/workers (.workers.json) is not one.
+        if len(parts) != 7:
             continue
         cell, router = ".".join(parts[:4]), parts[4]
         doc = json.loads(p.read_text())

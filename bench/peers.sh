@@ -6,13 +6,14 @@
 #   bash bench/peers.sh --quick         # one cell per workload (qwen3-next, tight pool, high load), ~25 min
 #   bash bench/peers.sh --workloads multi-turn --presets gemma3 --pools tight --loads high --repeat 3
 #   bash bench/peers.sh --workloads agentic --sessions 200 --requests 2000 ...   # a longer run of a generator
+#   bash bench/peers.sh --presets llama --pools 400 ...   # a pool of 400 blocks per worker
 #
 # Installs SMG (smg==1.13.0) and vllm-router (vllm-router==0.1.17) from PyPI into venvs of
 # their own under $PEERS_VENVS (default .peers/), builds kvroute, then for every cell and
 # router: starts a fresh fleet of `kvroute sim-worker` processes, the router in front of it,
 # and `kvroute bench` against the router; every router sees the same requests at the same
-# times. Results: one JSON per run under $OUT (default bench/out/), and a Markdown table of
-# every cell (bench/matrix.py). KVROUTE_ARGS adds flags to kvroute's `serve` (an ablation, with its
+# times. Results: one JSON per run under $OUT (default bench/out/) with its requests log and,
+# for kvroute, its GET /admin/workers, and a Markdown table of every cell (bench/matrix.py). KVROUTE_ARGS adds flags to kvroute's `serve` (an ablation, with its
 # own --out); SIM_ARGS adds flags to every `kvroute sim-worker` (e.g. a CPU tier:
 # SIM_ARGS="--kv-offloading-slots 4800"). Not part of the test command: it installs from PyPI and takes
 # minutes to hours.
@@ -64,12 +65,15 @@ if [ -z "${KVROUTE_BIN:-}" ]; then cargo build --release --locked -p kvroute; fi
 KV=${KVROUTE_BIN:-target/release/kvroute}
 
 # --- the matrix's axes ---------------------------------------------------------------------
-# Pool sizes in blocks per worker: roomy holds a workload's working set, tight forces eviction.
+# Pool sizes in blocks per worker: roomy holds a workload's working set, tight forces eviction;
+# a number is that many blocks (a pool outside the matrix).
 blocks() { # preset pool
   case "$1/$2" in
     qwen3-next/roomy) echo 2048 ;; qwen3-next/tight) echo 120 ;;
     gemma3/roomy) echo 16384 ;;    gemma3/tight) echo 6000 ;;
     llama/roomy) echo 8192 ;;      llama/tight) echo 1200 ;;
+    */*[!0-9]*|*/) echo "unknown pool $2 (roomy, tight or a block count)" >&2; exit 2 ;;
+    *) echo "$2" ;;
   esac
 }
 # The hit unit (vLLM's alignment) per preset: the oracle's block and vllm-router's event block.

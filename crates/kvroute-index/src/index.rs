@@ -797,6 +797,27 @@ mod tests {
     }
 
     #[test]
+    fn an_mla_group_is_the_eviction_group_of_a_model_without_plain_full_attention() {
+        let index = Index::new();
+        let w: WorkerId = "w".into();
+        index.apply(&store("w", 0, CacheKind::MlaAttention, None, &[1]));
+        index.apply(&Event::Removed(crate::event::Removed::device("w", 0, &[1])));
+        index.apply(&store("w", 0, CacheKind::MlaAttention, None, &[1]));
+        assert_eq!(index.eviction_stats(&w), stats(32, 16));
+    }
+
+    #[test]
+    fn removing_one_of_two_copies_evicts_nothing() {
+        let index = Index::new();
+        let w: WorkerId = "w".into();
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
+        index.apply(&Event::Removed(crate::event::Removed::device("w", 0, &[1])));
+        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
+        assert_eq!(index.eviction_stats(&w), stats(48, 0));
+    }
+
+    #[test]
     fn a_block_an_offload_tier_holds_is_loaded_again_not_re_prefilled() {
         let index = Index::new();
         let w: WorkerId = "w".into();

@@ -502,9 +502,6 @@ impl RankState {
                         *copies -= 1;
                         if *copies == 0 {
                             g.content.remove(&h.value.0);
-                            if counted && g.shared.is_some() {
-                                self.ghosts.push(key);
-                            }
                         }
                         Some(key)
                     }
@@ -529,9 +526,16 @@ impl RankState {
             };
             removed += r;
             unknown += u;
-            if direct && counted {
-                for h in &ev.hashes {
-                    self.ghosts.push(h.value.0);
+            if counted {
+                // Evicted: a key of the event (the engine hash, or its content key) whose last
+                // copy went; one with a copy still held is no eviction.
+                // (`batch` is empty on the direct path; content keys fill it otherwise.)
+                let hashes = ev.hashes.iter().map(|h| h.value.0).filter(|_| direct);
+                for k in hashes.chain(batch.iter().copied()) {
+                    if runs.contains(id, k) {
+                        continue;
+                    }
+                    self.ghosts.push(k);
                 }
             }
         }
@@ -632,13 +636,14 @@ impl RankState {
         }
     }
 
-    /// Whether `group` is the rank's eviction group: its lowest-numbered full-attention group
-    /// (the one whose stores and removals the eviction figures count).
+    /// Whether `group` is the rank's eviction group: its lowest-numbered group under the
+    /// full-attention rule (full, MLA or sink attention; the one whose stores and removals the
+    /// eviction figures count). A rank without one counts nothing.
     fn is_eviction_group(&self, group: u32) -> bool {
         self.layout
             .groups
             .iter()
-            .find(|(_, spec)| spec.kind == CacheKind::FullAttention)
+            .find(|(_, spec)| spec.rule() == Rule::FullAttention)
             .is_some_and(|(id, _)| *id == group)
     }
 

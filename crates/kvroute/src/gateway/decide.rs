@@ -2,8 +2,8 @@
 //!
 //! Owns: turning (request tokens, salt, model) into a ranked candidate list under the
 //! configured policy, from the index's routing prediction (the ranks that hit; a worker not
-//! listed hits 0) and the registry's load figures;
-//! and the `x-kvroute-decision` evidence.
+//! listed hits 0) and the registry's load figures; feeding each candidate's eviction model
+//! the index's eviction figures when its refresh is due; and the `x-kvroute-decision` evidence.
 //! Invariants: only routable workers serving the model are candidates; a worker's prediction
 //! is the best of its DP ranks (the engine's own balancer picks the rank).
 //! Must not: send anything upstream.
@@ -235,7 +235,8 @@ pub fn decide_with<'a>(
     // Where a conversation starts, its later turns follow: a new conversation is priced with
     // the wait each candidate's load will add to them. A follow-up's conversation already
     // lives where its history is cached; moving it would re-prefill and re-store that history
-    // (what that pushes out is the eviction charge's; the history left behind is not priced),
+    // (what that pushes out is the eviction charge's, off by default; the history left behind
+    // is not priced),
     // so it is ranked by its own TTFT.
     let follow_ups = if policy.uses_cache() && !follow_up {
         registry.follow_ups.expected()
@@ -341,7 +342,7 @@ pub fn decide_with<'a>(
             if policy.uses_cache() && w.eviction.claim(now) {
                 let requests = w.bookings_total.load(std::sync::atomic::Ordering::Relaxed);
                 w.eviction
-                    .observe(registry.index.eviction_stats(&w.id), requests);
+                    .observe(now, registry.index.eviction_stats(&w.id), requests);
             }
             let eviction_ms =
                 if weights.eviction && weights.cost == CostModel::Ttft && policy.uses_cache() {
@@ -536,9 +537,13 @@ mod tests {
         // Neither holds the prompt. Since "a"'s figures were last read, it stored 100 blocks,
         // evicted them and stored them all again (1,600 of 3,200 tokens re-prefilled) over 16
         // requests: half, counted half, a rate of a quarter.
+        let before = std::time::Instant::now();
+        let before = before
+            .checked_sub(std::time::Duration::from_millis(1))
+            .unwrap_or(before);
         workers[0]
             .eviction
-            .observe(kvroute_index::EvictionStats::default(), 0);
+            .observe(before, kvroute_index::EvictionStats::default(), 0);
         let blocks: Vec<u64> = (1..=100).collect();
         let stored = || {
             Event::Stored(Stored::device(
@@ -562,6 +567,12 @@ mod tests {
         let decide = |weights: &PolicyWeights| {
             weighed_decision(&registry, &workers, &prompt, true, None, weights)
         };
+        // Off (the default), nothing is charged and the tie goes to the first name, but the
+        // rate is learned all the same.
+        let d = decide(&PolicyWeights::default());
+        assert_eq!(candidate(&d, "a").eviction_ms, 0.0);
+        assert_eq!(d.worker, "a");
+        assert!((workers[0].eviction.rate() - 0.25).abs() < 1e-12);
         let on = PolicyWeights {
             eviction: true,
             ..PolicyWeights::default()
@@ -575,18 +586,14 @@ mod tests {
         assert!(a.eviction_ms > 0.0);
         assert_eq!(candidate(&d, "b").eviction_ms, 0.0);
         assert_eq!(d.worker, "b");
-        // Off (the default), or under the token cost (which has no milliseconds to add it
-        // to), nothing is charged and the tie goes to the first name; the rate is still known.
+        // Under the token cost (which has no milliseconds to add it to) nothing is charged.
         let tokens = PolicyWeights {
             cost: CostModel::Tokens,
             ..on
         };
-        assert!((workers[0].eviction.rate() - 0.25).abs() < 1e-12);
-        for weights in [PolicyWeights::default(), tokens] {
-            let d = decide(&weights);
-            assert_eq!(candidate(&d, "a").eviction_ms, 0.0);
-            assert_eq!(d.worker, "a");
-        }
+        let d = decide(&tokens);
+        assert_eq!(candidate(&d, "a").eviction_ms, 0.0);
+        assert_eq!(d.worker, "a");
     }
 
     #[test]

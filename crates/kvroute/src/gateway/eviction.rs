@@ -14,10 +14,11 @@
 //! Invariants: the rate is 0 until the worker has re-stored something (a pool that never
 //! evicts, or evicts only what nobody asks for again, costs nothing); it is never negative and
 //! never above 1 (a re-stored token was stored); it is shrunk by `B / (B + PRIOR_REQUESTS)`, B
-//! the faded bookings, so a few early re-stores do not read as a rate. One caller at a time
-//! reads the index for a worker ([`EvictionModel::claim`]), so readings are applied in order;
-//! totals that go backwards (a rank dropped from the index takes its share along) restart the
-//! reading.
+//! the requests booked since the first reading (not faded), so a few early re-stores do not
+//! read as a rate. One caller per [`REFRESH`] reads the index for a worker
+//! ([`EvictionModel::claim`]), and a reading older than one already applied is dropped, so
+//! readings apply in the order they were claimed; totals that go backwards (a rank dropped from
+//! the index takes its share along) restart the reading.
 //! Must not: read the index itself (the caller passes the totals in) or rank anything.
 
 use kvroute_index::EvictionStats;
@@ -38,10 +39,14 @@ pub const REFRESH: Duration = Duration::from_millis(200);
 struct State {
     /// The last totals read: (tokens restored, tokens stored, requests booked).
     last: Option<(u64, u64, u64)>,
+    /// When the last reading was claimed, and when the last one applied was.
     read_at: Option<Instant>,
+    applied_at: Option<Instant>,
     restored: f64,
     stored: f64,
     requests: f64,
+    /// Requests booked since the first reading, not faded (the shrinkage's count).
+    seen: f64,
 }
 
 /// A worker's re-prefill rate.
@@ -59,6 +64,8 @@ pub struct EvictionView {
     pub restored_tokens: f64,
     pub stored_tokens: f64,
     pub requests: f64,
+    /// Requests booked since the first reading (what the shrinkage counts).
+    pub requests_seen: f64,
 }
 
 impl EvictionModel {
@@ -76,10 +83,15 @@ impl EvictionModel {
     }
 
     /// Adds the totals' growth since the last reading: the index's `stats` and `requests`
-    /// booked on the worker, all running totals.
-    pub fn observe(&self, stats: EvictionStats, requests: u64) {
+    /// booked on the worker, all running totals, read after a [`EvictionModel::claim`] at
+    /// `claimed` (a reading claimed before one already applied is dropped).
+    pub fn observe(&self, claimed: Instant, stats: EvictionStats, requests: u64) {
         let now = (stats.tokens_restored, stats.tokens_stored, requests);
         let mut s = self.state.lock();
+        if s.applied_at.is_some_and(|t| claimed <= t) {
+            return;
+        }
+        s.applied_at = Some(claimed);
         let Some((r0, s0, q0)) = s.last.replace(now) else {
             return;
         };
@@ -91,30 +103,32 @@ impl EvictionModel {
         s.restored = s.restored * fade + (now.0 - r0) as f64;
         s.stored = s.stored * fade + (now.1 - s0) as f64;
         s.requests = s.requests * fade + dq;
+        s.seen += dq;
     }
 
     /// Re-stored tokens per stored token, shrunk by the requests seen.
     pub fn rate(&self) -> f64 {
         let s = self.state.lock();
-        rate_of(s.restored, s.stored, s.requests)
+        rate_of(s.restored, s.stored, s.seen)
     }
 
     pub fn view(&self) -> EvictionView {
         let s = self.state.lock();
         EvictionView {
-            restored_per_stored_token: rate_of(s.restored, s.stored, s.requests),
+            restored_per_stored_token: rate_of(s.restored, s.stored, s.seen),
             restored_tokens: s.restored,
             stored_tokens: s.stored,
             requests: s.requests,
+            requests_seen: s.seen,
         }
     }
 }
 
-fn rate_of(restored: f64, stored: f64, requests: f64) -> f64 {
-    if restored <= 0.0 || stored <= 0.0 || requests <= 0.0 {
+fn rate_of(restored: f64, stored: f64, seen: f64) -> f64 {
+    if restored <= 0.0 || stored <= 0.0 || seen <= 0.0 {
         return 0.0;
     }
-    let rate = restored / stored * requests / (requests + PRIOR_REQUESTS);
+    let rate = restored / stored * seen / (seen + PRIOR_REQUESTS);
     if rate.is_finite() {
         rate.clamp(0.0, 1.0)
     } else {
@@ -137,6 +151,17 @@ pub fn eviction_ms(uncached: f64, rate: f64, ms_per_token: f64) -> f64 {
 mod tests {
     use super::*;
 
+    /// Feeds a reading claimed just after the previous one.
+    fn observe(m: &EvictionModel, stats: EvictionStats, requests: u64) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::OnceLock;
+        static TICKS: AtomicU64 = AtomicU64::new(1);
+        static BASE: OnceLock<Instant> = OnceLock::new();
+        let base = *BASE.get_or_init(Instant::now);
+        let ms = TICKS.fetch_add(1, Ordering::Relaxed);
+        m.observe(base + Duration::from_millis(ms), stats, requests);
+    }
+
     fn stats(tokens_stored: u64, tokens_restored: u64) -> EvictionStats {
         EvictionStats {
             tokens_stored,
@@ -147,8 +172,8 @@ mod tests {
     #[test]
     fn a_pool_that_never_re_stores_costs_nothing() {
         let m = EvictionModel::default();
-        m.observe(stats(0, 0), 0);
-        m.observe(stats(500_000, 0), 1_000);
+        observe(&m, stats(0, 0), 0);
+        observe(&m, stats(500_000, 0), 1_000);
         assert_eq!(m.rate(), 0.0);
         assert_eq!(eviction_ms(2000.0, m.rate(), 0.06), 0.0);
     }
@@ -156,13 +181,13 @@ mod tests {
     #[test]
     fn the_rate_is_re_stored_over_stored_tokens_shrunk_by_the_requests_seen() {
         let m = EvictionModel::default();
-        m.observe(stats(1_000, 100), 3);
+        observe(&m, stats(1_000, 100), 3);
         // The first reading only sets the baseline.
         assert_eq!(m.rate(), 0.0);
-        m.observe(stats(5_000, 1_100), 19);
+        observe(&m, stats(5_000, 1_100), 19);
         // 1,000 of 4,000 tokens re-stored over 16 requests: a quarter, counted half.
         assert!((m.rate() - 0.125).abs() < 1e-12);
-        m.observe(stats(50_000, 1_100), 19 + 10_000);
+        observe(&m, stats(50_000, 1_100), 19 + 10_000);
         assert!(m.rate() < 1e-9, "old re-stores fade under new stores");
         assert!((eviction_ms(400.0, 0.25, 0.05) - 5.0).abs() < 1e-12);
     }
@@ -171,10 +196,10 @@ mod tests {
     fn old_traffic_fades_by_half_after_the_half_life() {
         let m = EvictionModel::default();
         let life = HALF_LIFE_REQUESTS as u64;
-        m.observe(stats(0, 0), 0);
-        m.observe(stats(1_000, 1_000), 0);
+        observe(&m, stats(0, 0), 0);
+        observe(&m, stats(1_000, 1_000), 0);
         // A half-life of requests storing nothing halves the old sums.
-        m.observe(stats(1_000, 1_000), life);
+        observe(&m, stats(1_000, 1_000), life);
         let v = m.view();
         assert!((v.restored_tokens - 500.0).abs() < 1e-6);
         assert!((v.stored_tokens - 500.0).abs() < 1e-6);
@@ -184,10 +209,10 @@ mod tests {
     #[test]
     fn totals_that_go_backwards_restart_the_reading() {
         let m = EvictionModel::default();
-        m.observe(stats(1_000, 500), 10);
-        m.observe(stats(20, 10), 10);
+        observe(&m, stats(1_000, 500), 10);
+        observe(&m, stats(20, 10), 10);
         assert_eq!(m.view().stored_tokens, 0.0);
-        m.observe(stats(120, 20), 10 + 1_000_000);
+        observe(&m, stats(120, 20), 10 + 1_000_000);
         assert!((m.rate() - 0.1).abs() < 1e-5);
     }
 
@@ -199,6 +224,20 @@ mod tests {
         assert_eq!(rate_of(f64::INFINITY, 1.0, 1.0), 0.0);
         assert_eq!(eviction_ms(-5.0, 0.5, 0.1), 0.0);
         assert_eq!(eviction_ms(f64::INFINITY, 0.5, 0.1), 0.0);
+    }
+
+    #[test]
+    fn a_reading_claimed_before_one_already_applied_is_dropped() {
+        let m = EvictionModel::default();
+        let t = Instant::now();
+        m.observe(t, stats(0, 0), 0);
+        m.observe(t + REFRESH * 2, stats(1_000, 500), 100);
+        // A slow reader claimed in between and read older totals: applying them would look
+        // like totals going backwards and count the gap twice.
+        m.observe(t + REFRESH, stats(400, 200), 40);
+        let v = m.view();
+        assert_eq!((v.stored_tokens, v.restored_tokens), (1_000.0, 500.0));
+        assert_eq!(v.requests_seen, 100.0);
     }
 
     #[test]
