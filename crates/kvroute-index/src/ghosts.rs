@@ -9,31 +9,39 @@
 //! remembered once (removing it again moves it to the newest place); a key taken or pushed out
 //! is gone. The removal queue also holds stale entries (keys taken or removed again since),
 //! and never more than `2 · cap` entries in all: a push that finds it that full compacts it
-//! first.
-//! Must not: hold anything but keys (no tokens, no block contents), or grow past its bound.
+//! first. Keys are kept as 32-bit fingerprints: a block never removed reads as removed with a
+//! chance of at most `cap / 2³²` (4 in a million at 2¹⁴), which the eviction figures tolerate.
+//! Must not: hold anything but key fingerprints (no tokens, no block contents), or grow past
+//! its bound.
 
 use crate::holder::MixBuild;
 use std::collections::{HashMap, VecDeque};
 
 /// The most keys one rank remembers: 2¹⁴ blocks (262,144 tokens in 16-token blocks, about
 /// half an 8B model's pool on an 80 GB GPU), so a block needed again within about half a
-/// pool's turnover of evictions is still recognised; at most about 1.0 MiB a rank (a 2¹⁵-bucket
-/// map of 17-byte entries and a 2¹⁵-entry queue of 16 bytes), reached only once the rank has
-/// evicted that many blocks.
+/// pool's turnover of evictions is still recognised; at most about 0.53 MiB a rank (a
+/// 2¹⁵-bucket map of 9-byte entries and a 2¹⁵-entry queue of 8 bytes), reached only once the
+/// rank has evicted that many blocks.
 pub const GHOST_KEYS: usize = 1 << 14;
 
-type Key = u64;
+/// A key's fingerprint.
+type Key = u32;
+
+fn fingerprint(key: u64) -> Key {
+    (key ^ (key >> 32)) as u32
+}
 
 /// Recently removed blocks, oldest first.
 #[derive(Clone, Debug)]
 pub struct Ghosts {
     cap: usize,
-    /// Key → the sequence number of its newest removal (the live entry).
-    live: HashMap<Key, u64, MixBuild>,
+    /// Key → the sequence number of its newest removal (the live entry). Numbers wrap; an
+    /// entry leaves the queue long before 2³² later pushes could repeat its number.
+    live: HashMap<Key, u32, MixBuild>,
     /// (key, sequence number) in removal order; an entry whose number is no longer the key's
     /// live one is stale.
-    order: VecDeque<(Key, u64)>,
-    next: u64,
+    order: VecDeque<(Key, u32)>,
+    next: u32,
 }
 
 impl Default for Ghosts {
@@ -53,20 +61,21 @@ impl Ghosts {
     }
 
     /// Remembers that block `key` was removed (the newest removal).
-    pub fn push(&mut self, key: Key) {
+    pub fn push(&mut self, key: u64) {
+        let key = fingerprint(key);
         if self.order.len() >= 2 * self.cap {
             let live = &self.live;
             self.order.retain(|(k, n)| live.get(k) == Some(n));
         }
         self.live.insert(key, self.next);
         self.order.push_back((key, self.next));
-        self.next += 1;
+        self.next = self.next.wrapping_add(1);
         while self.live.len() > self.cap && self.pop_oldest() {}
     }
 
     /// Whether block `key` is remembered as removed; forgets it if so.
-    pub fn take(&mut self, key: Key) -> bool {
-        self.live.remove(&key).is_some()
+    pub fn take(&mut self, key: u64) -> bool {
+        self.live.remove(&fingerprint(key)).is_some()
     }
 
     pub fn len(&self) -> usize {
@@ -97,7 +106,7 @@ impl Ghosts {
     /// Heap bytes: the map's buckets (a power of two above its capacity at 7/8 load, one
     /// control byte each) and the queue's slots.
     pub fn heap_bytes(&self) -> usize {
-        let entry = std::mem::size_of::<(Key, u64)>();
+        let entry = std::mem::size_of::<(Key, u32)>();
         let buckets = match self.live.capacity() {
             0 => 0,
             c => (c * 8 / 7).next_power_of_two(),
@@ -115,18 +124,18 @@ mod tests {
     #[derive(Default)]
     struct Model {
         cap: usize,
-        keys: Vec<Key>,
+        keys: Vec<u64>,
     }
 
     impl Model {
-        fn push(&mut self, k: Key) {
+        fn push(&mut self, k: u64) {
             self.keys.retain(|x| *x != k);
             self.keys.push(k);
             while self.keys.len() > self.cap {
                 self.keys.remove(0);
             }
         }
-        fn take(&mut self, k: Key) -> bool {
+        fn take(&mut self, k: u64) -> bool {
             let had = self.keys.contains(&k);
             self.keys.retain(|x| *x != k);
             had
