@@ -780,71 +780,85 @@ mod tests {
         }
     }
 
+    /// Worker "w"'s eviction figures after `events` on a fresh index.
+    fn eviction_after(events: &[Event]) -> EvictionStats {
+        let index = Index::new();
+        for ev in events {
+            index.apply(ev);
+        }
+        index.eviction_stats(&"w".into())
+    }
+
+    /// Worker "w" stores `hashes` in `group`, of `kind`, with 16-token blocks.
+    fn w_store(group: u32, kind: CacheKind, hashes: &[u64]) -> Event {
+        store("w", group, kind, None, hashes)
+    }
+
+    fn removal(group: u32, hashes: &[u64]) -> Event {
+        Event::Removed(crate::event::Removed::device("w", group, hashes))
+    }
+
     #[test]
     fn only_the_lowest_full_attention_group_counts_so_a_prefill_counts_once() {
-        let index = Index::new();
-        let w: WorkerId = "w".into();
+        let fa = || CacheKind::FullAttention;
+        let mut events = Vec::new();
         for group in [2, 5] {
-            index.apply(&store("w", group, CacheKind::FullAttention, None, &[1, 2]));
-            index.apply(&Event::Removed(crate::event::Removed::device(
-                "w",
-                group,
-                &[1],
-            )));
-            index.apply(&store("w", group, CacheKind::FullAttention, None, &[1]));
+            events.push(w_store(group, fa(), &[1, 2]));
+            events.push(removal(group, &[1]));
+            events.push(w_store(group, fa(), &[1]));
         }
-        assert_eq!(index.eviction_stats(&w), stats(48, 16));
+        assert_eq!(eviction_after(&events), stats(48, 16));
     }
 
     #[test]
     fn an_mla_group_is_the_eviction_group_of_a_model_without_plain_full_attention() {
-        let index = Index::new();
-        let w: WorkerId = "w".into();
-        index.apply(&store("w", 0, CacheKind::MlaAttention, None, &[1]));
-        index.apply(&Event::Removed(crate::event::Removed::device("w", 0, &[1])));
-        index.apply(&store("w", 0, CacheKind::MlaAttention, None, &[1]));
-        assert_eq!(index.eviction_stats(&w), stats(32, 16));
+        let mla = || CacheKind::MlaAttention;
+        let events = [
+            w_store(0, mla(), &[1]),
+            removal(0, &[1]),
+            w_store(0, mla(), &[1]),
+        ];
+        assert_eq!(eviction_after(&events), stats(32, 16));
     }
 
     #[test]
     fn removing_one_of_two_copies_evicts_nothing() {
-        let index = Index::new();
-        let w: WorkerId = "w".into();
-        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
-        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
-        index.apply(&Event::Removed(crate::event::Removed::device("w", 0, &[1])));
-        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
-        assert_eq!(index.eviction_stats(&w), stats(48, 0));
+        let fa = || CacheKind::FullAttention;
+        let events = [
+            w_store(0, fa(), &[1]),
+            w_store(0, fa(), &[1]),
+            removal(0, &[1]),
+            w_store(0, fa(), &[1]),
+        ];
+        assert_eq!(eviction_after(&events), stats(48, 0));
     }
 
     #[test]
     fn a_block_an_offload_tier_holds_is_loaded_again_not_re_prefilled() {
-        let index = Index::new();
-        let w: WorkerId = "w".into();
-        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1, 2]));
-        let mut tier = Stored::device("w", 0, CacheKind::FullAttention, None, 16, &[1]);
+        let fa = || CacheKind::FullAttention;
+        let mut tier = Stored::device("w", 0, fa(), None, 16, &[1]);
         tier.medium = Some("CPU".into());
-        index.apply(&Event::Stored(tier));
-        index.apply(&Event::Removed(crate::event::Removed::device(
-            "w",
-            0,
-            &[1, 2],
-        )));
-        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1, 2]));
-        assert_eq!(index.eviction_stats(&w), stats(64, 16));
+        let events = [
+            w_store(0, fa(), &[1, 2]),
+            Event::Stored(tier),
+            removal(0, &[1, 2]),
+            w_store(0, fa(), &[1, 2]),
+        ];
+        assert_eq!(eviction_after(&events), stats(64, 16));
     }
 
     #[test]
     fn a_reset_rank_forgets_what_it_removed() {
-        let index = Index::new();
-        let w: WorkerId = "w".into();
-        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
-        index.apply(&Event::Removed(crate::event::Removed::device("w", 0, &[1])));
+        let fa = || CacheKind::FullAttention;
         // A layout change resets the rank (twice here, there and back): block 1 stored after it
         // is new content, not a re-prefill.
-        index.apply(&store("w", 0, CacheKind::SlidingWindow, Some(64), &[9]));
-        index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1]));
-        assert_eq!(index.eviction_stats(&w), stats(32, 0));
+        let events = [
+            w_store(0, fa(), &[1]),
+            removal(0, &[1]),
+            store("w", 0, CacheKind::SlidingWindow, Some(64), &[9]),
+            w_store(0, fa(), &[1]),
+        ];
+        assert_eq!(eviction_after(&events), stats(32, 0));
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub struct Worker {
     pub live: Live,
     /// The rate of requests routed here (the delay-to-others charge).
     pub arrivals: Arrivals,
-    /// How much of its prefill re-does what its engine evicted (the eviction charge).
+    /// How much of what its engine stores re-does content it evicted (the eviction charge).
     pub eviction: EvictionModel,
     /// LoRA adapters served beside the base model: name → path (the spec's, then as the
     /// worker's `/v1/models` lists them).
