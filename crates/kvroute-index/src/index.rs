@@ -122,6 +122,9 @@ pub struct Index {
     pub(crate) roster: parking_lot::Mutex<Option<Arc<crate::sparse::Roster>>>,
     configs: RwLock<HashMap<WorkerId, WorkerConfig>>,
     default_config: WorkerConfig,
+    /// Whether ranks keep the eviction figures ([`Index::set_eviction_tracking`]; off by
+    /// default: a removal then costs no fingerprint push and no `runs` lookup per block).
+    track_evictions: std::sync::atomic::AtomicBool,
     counters: Counters,
     /// Digests of request blocks seen before (hashing is most of a routing decision).
     pub(crate) digests: crate::hash::cache::DigestCache,
@@ -160,15 +163,43 @@ impl Index {
                 let mut r = rank.write();
                 if r.config.hash != config.hash {
                     r.reset(&mut runs);
-                    let id = r.id;
+                    let (id, track) = (r.id, r.track_evictions);
                     *r = RankState::new(config.clone());
                     r.id = id;
+                    r.track_evictions = track;
                 } else {
                     r.set_config(config.clone());
                 }
             }
         }
         self.bump();
+    }
+
+    /// Starts or stops keeping every rank's eviction figures ([`Index::eviction_stats`]): the
+    /// blocks each rank's eviction group removed lately (up to
+    /// [`crate::ghosts::GHOST_KEYS`] fingerprints a rank) and the tokens it stored and
+    /// re-stored. Stopping frees the removed blocks; the totals so far stay. A rank created
+    /// later takes the current setting.
+    pub fn set_eviction_tracking(&self, on: bool) {
+        // Under the ranks' write lock: a rank is created under it too (reading the setting),
+        // and two calls cannot interleave their walks.
+        let ranks = self.ranks.write();
+        if self
+            .track_evictions
+            .swap(on, std::sync::atomic::Ordering::AcqRel)
+            == on
+        {
+            return;
+        }
+        for (_, rank) in &ranks.sorted {
+            rank.write().set_eviction_tracking(on);
+        }
+    }
+
+    /// Whether the ranks keep eviction figures ([`Index::set_eviction_tracking`]).
+    pub fn tracks_evictions(&self) -> bool {
+        self.track_evictions
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn worker_config(&self, worker: &WorkerId) -> WorkerConfig {
@@ -210,6 +241,7 @@ impl Index {
             return r.clone();
         }
         let mut state = RankState::new(config);
+        state.track_evictions = self.tracks_evictions();
         state.id = ranks.next_id;
         ranks.next_id += 1;
         ranks.by_id.insert(state.id, key.clone());
@@ -417,7 +449,8 @@ impl Index {
     }
 
     /// A worker's eviction figures summed over its ranks (`RankStats`' eviction-group
-    /// tokens); zeros for a worker never seen. Running totals: a rank dropped or reset takes
+    /// tokens); zeros for a worker never seen, and nothing counted while the index does not
+    /// track evictions ([`Index::set_eviction_tracking`]). Running totals: a rank dropped or reset takes
     /// its share with it, so they can go backwards.
     pub fn eviction_stats(&self, worker: &WorkerId) -> EvictionStats {
         let ranks = self.ranks.read();
@@ -748,7 +781,7 @@ mod tests {
 
     #[test]
     fn a_full_attention_block_stored_again_after_its_removal_counts_as_restored() {
-        let index = Index::new();
+        let index = tracking();
         let w: WorkerId = "w".into();
         index.apply(&store("w", 0, CacheKind::FullAttention, None, &[1, 2, 3]));
         index.apply(&store("w", 1, CacheKind::SlidingWindow, Some(64), &[1, 2]));
@@ -773,6 +806,39 @@ mod tests {
         assert_eq!(index.eviction_stats(&"other".into()), stats(0, 0));
     }
 
+    /// An index that keeps the eviction figures.
+    fn tracking() -> Index {
+        let index = Index::new();
+        index.set_eviction_tracking(true);
+        index
+    }
+
+    #[test]
+    fn an_index_not_tracking_evictions_counts_nothing_and_forgets_removals_when_stopped() {
+        let removed_then_stored = [
+            w_store(0, CacheKind::FullAttention, &[1, 2]),
+            removal(0, &[1]),
+            w_store(0, CacheKind::FullAttention, &[1]),
+        ];
+        assert_eq!(eviction_after(&removed_then_stored), stats(48, 16));
+        let index = Index::new();
+        assert!(!index.tracks_evictions());
+        index.apply_all(&removed_then_stored);
+        assert_eq!(index.eviction_stats(&"w".into()), stats(0, 0));
+        // Started: the rank that already exists counts from now on.
+        index.set_eviction_tracking(true);
+        index.apply(&removal(0, &[2]));
+        index.apply(&w_store(0, CacheKind::FullAttention, &[2]));
+        assert_eq!(index.eviction_stats(&"w".into()), stats(16, 16));
+        // Stopped: the removal seen while on is forgotten, the totals stay.
+        index.apply(&removal(0, &[1]));
+        index.set_eviction_tracking(false);
+        assert_eq!(index.eviction_stats(&"w".into()), stats(16, 16));
+        index.set_eviction_tracking(true);
+        index.apply(&w_store(0, CacheKind::FullAttention, &[1]));
+        assert_eq!(index.eviction_stats(&"w".into()), stats(32, 16));
+    }
+
     fn stats(tokens_stored: u64, tokens_restored: u64) -> EvictionStats {
         EvictionStats {
             tokens_stored,
@@ -782,7 +848,7 @@ mod tests {
 
     /// Worker "w"'s eviction figures after `events` on a fresh index.
     fn eviction_after(events: &[Event]) -> EvictionStats {
-        let index = Index::new();
+        let index = tracking();
         for ev in events {
             index.apply(ev);
         }

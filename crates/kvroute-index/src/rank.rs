@@ -3,8 +3,9 @@
 //! Owns: applying one normalized event to one rank (stores, removals, clears; device tier vs
 //! offload tiers; layout learning and layout changes; content-key placement; the live hash
 //! check, with vLLM 0.33's lookahead tokens when a store carries them), the per-rank
-//! statistics (the eviction group's stored and re-stored tokens among them), the blocks the
-//! eviction group removed lately, and the rank's `Plan` (params and lookups) for predictions.
+//! statistics (the eviction group's stored and re-stored tokens among them, kept only while
+//! the index tracks evictions), the blocks the eviction group removed lately, and the rank's
+//! `Plan` (params and lookups) for predictions.
 //! Invariants: only device-tier blocks reach the group holders; a removal takes one copy; a
 //! clear empties every device group but keeps the layout, and forgets the removed blocks (what
 //! follows a clear is no re-prefill of evicted content); a kind change clears the rank first;
@@ -263,6 +264,9 @@ pub struct RankState {
     pub stats: RankStats,
     /// The eviction group's blocks removed lately (a later store of one re-prefilled it).
     pub(crate) ghosts: Ghosts,
+    /// Whether the rank keeps `ghosts` and counts the eviction figures (the index's
+    /// [`crate::Index::set_eviction_tracking`]); off, removals and stores skip that work.
+    pub(crate) track_evictions: bool,
     /// Set by the intake while the rank's event stream has an unfilled gap.
     pub degraded: bool,
     /// Refusal reasons already logged for this rank (one bit per `Counter`).
@@ -284,6 +288,7 @@ impl RankState {
             offload: BTreeMap::new(),
             digests: HashMap::default(),
             ghosts: Ghosts::default(),
+            track_evictions: false,
             stats: RankStats::default(),
             degraded: false,
             logged: 0,
@@ -322,6 +327,15 @@ impl RankState {
     pub(crate) fn replan(&mut self) {
         self.plan_gen += 1;
         self.plan = self.layout.plan(&self.config.lookup, self.config.rules());
+    }
+
+    /// Starts or stops keeping the eviction figures. Stopping forgets the removed blocks (and
+    /// their memory); the running totals stay as they are.
+    pub(crate) fn set_eviction_tracking(&mut self, on: bool) {
+        self.track_evictions = on;
+        if !on {
+            self.ghosts = Ghosts::default();
+        }
     }
 
     /// Empties every device group (the layout stays known).
@@ -638,13 +652,15 @@ impl RankState {
 
     /// Whether `group` is the rank's eviction group: its lowest-numbered group under the
     /// full-attention rule (full, MLA or sink attention; the one whose stores and removals the
-    /// eviction figures count). A rank without one counts nothing.
+    /// eviction figures count). A rank without one, or not tracking evictions, counts nothing.
     fn is_eviction_group(&self, group: u32) -> bool {
-        self.layout
-            .groups
-            .iter()
-            .find(|(_, spec)| spec.rule() == Rule::FullAttention)
-            .is_some_and(|(id, _)| *id == group)
+        self.track_evictions
+            && self
+                .layout
+                .groups
+                .iter()
+                .find(|(_, spec)| spec.rule() == Rule::FullAttention)
+                .is_some_and(|(id, _)| *id == group)
     }
 
     /// Counts a device store of the eviction group: its tokens, and those of the blocks the

@@ -204,6 +204,7 @@ fn a_content_key_rank_loaded_from_its_image_keeps_its_keys_and_their_engine_hash
 #[test]
 fn content_evicted_and_prefilled_again_counts_as_restored_whatever_its_engine_hash() {
     let idx = content_index();
+    idx.set_eviction_tracking(true);
     let t = tokens(6, 64);
     idx.apply(&dense_store("w", 16, None, &[11, 12], &t[..32]));
     idx.apply(&Event::Removed(Removed::device("w", 0, &[12])));

@@ -336,10 +336,11 @@ pub fn decide_with<'a>(
                         + prefill_stall_ms((own_ms - tier_load_ms).max(0.0), w.running() as f64)
                 }
             };
-            // The worker's re-prefill rate is learned under every cache policy (the admin view
-            // shows it); what this request's uncached tokens push out of a full pool at that
-            // rate is charged only where the weights ask for it.
-            if policy.uses_cache() && w.eviction.claim(now) {
+            // With the eviction charge on (the index then keeps the figures), the worker's
+            // re-prefill rate is learned under every cache policy; what this request's
+            // uncached tokens push out of a full pool at that rate is charged under the ttft
+            // cost.
+            if weights.eviction && policy.uses_cache() && w.eviction.claim(now) {
                 let requests = w.bookings_total.load(std::sync::atomic::Ordering::Relaxed);
                 w.eviction
                     .observe(now, registry.index.eviction_stats(&w.id), requests);
@@ -534,6 +535,7 @@ mod tests {
     fn a_worker_re_prefilling_what_it_evicted_is_charged_for_what_a_placement_pushes_out() {
         use kvroute_index::event::Removed;
         let (registry, workers) = fleet(&["a", "b"]);
+        registry.index.set_eviction_tracking(true);
         // Neither holds the prompt. Since "a"'s figures were last read, it stored 100 blocks,
         // evicted them and stored them all again (1,600 of 3,200 tokens re-prefilled) over 16
         // requests: half, counted half, a rate of a quarter.
@@ -567,17 +569,17 @@ mod tests {
         let decide = |weights: &PolicyWeights| {
             weighed_decision(&registry, &workers, &prompt, true, None, weights)
         };
-        // Off (the default), nothing is charged and the tie goes to the first name, but the
-        // rate is learned all the same.
+        // Off (the default), nothing is charged or learned and the tie goes to the first name.
         let d = decide(&PolicyWeights::default());
         assert_eq!(candidate(&d, "a").eviction_ms, 0.0);
         assert_eq!(d.worker, "a");
-        assert!((workers[0].eviction.rate() - 0.25).abs() < 1e-12);
+        assert_eq!(workers[0].eviction.rate(), 0.0);
         let on = PolicyWeights {
             eviction: true,
             ..PolicyWeights::default()
         };
         let d = decide(&on);
+        assert!((workers[0].eviction.rate() - 0.25).abs() < 1e-12);
         let a = candidate(&d, "a");
         assert!(
             (a.eviction_ms - 640.0 * 0.25 * a.ms_per_token).abs() < 1e-9,

@@ -10,7 +10,8 @@
 //! gateways send the worker counts on both sides. On a full pool each block a prefill stores
 //! evicts an older one; the rate is how often what was evicted has been asked for again, so a
 //! placement of `u` uncached tokens there is charged [`eviction_ms`] = `u · rate ·
-//! ms_per_token`: the prefill later requests will spend on what this one pushes out.
+//! ms_per_token`: the prefill later requests will spend on what this one pushes out. The index
+//! keeps these figures only while `weights.eviction` is on, so the rate is learned only then.
 //! Invariants: the rate is 0 until the worker has re-stored something (a pool that never
 //! evicts, or evicts only what nobody asks for again, costs nothing); it is never negative and
 //! never above 1 (a re-stored token was stored); it is shrunk by `B / (B + PRIOR_REQUESTS)`, B

@@ -206,6 +206,8 @@ impl Gateway {
     pub async fn start(config: GatewayConfig) -> anyhow::Result<GatewayHandle> {
         config.validate().map_err(anyhow::Error::msg)?;
         let index = Arc::new(Index::with_digest_cache(config.digest_cache_tokens));
+        // The eviction figures cost every removal a little: kept only for the charge.
+        index.set_eviction_tracking(config.weights.eviction);
         let registry = Arc::new(Registry::new(index));
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs_f64(

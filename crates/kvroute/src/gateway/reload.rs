@@ -222,6 +222,11 @@ pub async fn apply_reload(
     );
     let policy = new.policy;
     let workers = new.workers.clone();
+    // Before the weights that read them: the eviction figures start from this point.
+    state
+        .registry
+        .index
+        .set_eviction_tracking(new.weights.eviction);
     state.set_config(new);
     let from = state.policy();
     if from != policy {

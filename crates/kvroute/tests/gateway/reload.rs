@@ -1,5 +1,5 @@
-//! Configuration reload over real sockets: `POST /admin/reload` applies the file's policy and
-//! worker list while a streaming request finishes on the worker being removed; an invalid file
+//! Configuration reload over real sockets: `POST /admin/reload` applies the file's policy,
+//! weights (the index's eviction figures follow the eviction charge) and worker list while a streaming request finishes on the worker being removed; an invalid file
 //! is rejected whole with the reason and the old configuration stays; `kvroute serve` reloads
 //! on SIGHUP.
 
@@ -97,10 +97,11 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
         config_text(
             "least-load",
             &[("w1", &f.workers[1])],
-            "max_body_bytes = 4096",
+            "max_body_bytes = 4096\n[weights]\neviction = true",
         ),
     )
     .unwrap();
+    assert!(!gw.state.registry.index.tracks_evictions());
     let (status, report) = reload(&gw).await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(
@@ -110,7 +111,9 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
     assert_eq!(report["workers"]["added"], json!(["w1"]));
     assert_eq!(report["workers"]["removed"], json!(["w0"]));
     assert_eq!(report["restart_required"], json!([]));
-    for field in ["policy", "max_body_bytes", "workers"] {
+    // The eviction charge's figures are kept from now on.
+    assert!(gw.state.registry.index.tracks_evictions());
+    for field in ["policy", "max_body_bytes", "weights", "workers"] {
         assert!(
             report["changed"]
                 .as_array()
