@@ -52,7 +52,8 @@ pub struct Worker {
     pub bookings_total: AtomicU64,
     /// This gateway's requests here whose first byte has not come back yet.
     pub prefilling: AtomicU64,
-    /// Mean prefill tokens this gateway booked per request here (weight of the newest 1/32).
+    /// Mean prefill tokens this gateway booked per request here: the mean of the first
+    /// [`MEAN_PREFILL_WINDOW`] bookings, then each newest one weighs 1/[`MEAN_PREFILL_WINDOW`].
     pub mean_prefill: Mutex<f64>,
     /// The booked prefill as the engine works it off: (tokens left, as of when), drained at
     /// the worker's learned marginal prefill cost ([`Worker::set_prefill_ms_per_token`]).
@@ -372,12 +373,14 @@ impl LoadGuard {
         worker.in_flight.fetch_add(1, Ordering::Relaxed);
         worker.queued_prefill.fetch_add(prefill, Ordering::Relaxed);
         worker.booked_total.fetch_add(prefill, Ordering::Relaxed);
-        worker.bookings_total.fetch_add(1, Ordering::Relaxed);
+        let n = worker.bookings_total.fetch_add(1, Ordering::Relaxed) + 1;
         worker.book_backlog(prefill, Instant::now());
         worker.prefilling.fetch_add(1, Ordering::Relaxed);
         {
+            // The plain mean of the first 32 bookings, then the newest weighs 1/32: no start
+            // from 0 that would read as small prefills for the first hundred requests.
             let mut m = worker.mean_prefill.lock();
-            *m += (prefill as f64 - *m) / 32.0;
+            *m += (prefill as f64 - *m) / n.min(MEAN_PREFILL_WINDOW) as f64;
         }
         LoadGuard {
             worker,
@@ -635,10 +638,32 @@ impl Registry {
     }
 }
 
+/// How many bookings the mean prefill per request follows ([`Worker::mean_prefill`]).
+pub const MEAN_PREFILL_WINDOW: u64 = 32;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use kvroute_index::BlockExtras;
+
+    #[test]
+    fn the_mean_prefill_is_the_plain_mean_of_the_first_bookings_and_then_follows_the_newest() {
+        let registry = Registry::new(Arc::new(Index::new()));
+        let w = registry
+            .add(WorkerSpec::new("a", "http://127.0.0.1:1", "m"))
+            .expect("valid spec");
+        for prefill in [1000, 3000] {
+            drop(LoadGuard::new(w.clone(), prefill));
+        }
+        assert!((*w.mean_prefill.lock() - 2000.0).abs() < 1e-9);
+        for _ in 2..MEAN_PREFILL_WINDOW {
+            drop(LoadGuard::new(w.clone(), 2000));
+        }
+        assert!((*w.mean_prefill.lock() - 2000.0).abs() < 1e-9);
+        // Past the window the newest weighs 1/32.
+        drop(LoadGuard::new(w.clone(), 2000 + 32 * 64));
+        assert!((*w.mean_prefill.lock() - 2064.0).abs() < 1e-9);
+    }
 
     #[test]
     fn a_load_guard_gives_back_its_load_and_its_in_flight_prompt_when_dropped() {
