@@ -13,7 +13,7 @@
 # router: starts a fresh fleet of `kvroute sim-worker` processes, the router in front of it,
 # and `kvroute bench` against the router; every router sees the same requests at the same
 # times. Results: one JSON per run under $OUT (default bench/out/) with its requests log and,
-# for kvroute, its GET /admin/workers, and a Markdown table of every cell (bench/matrix.py). KVROUTE_ARGS adds flags to kvroute's `serve` (an ablation, with its
+# for kvroute, its GET /admin/workers and /metrics, and a Markdown table of every cell (bench/matrix.py). KVROUTE_ARGS adds flags to kvroute's `serve` (an ablation, with its
 # own --out); SIM_ARGS adds flags to every `kvroute sim-worker` (e.g. a CPU tier:
 # SIM_ARGS="--kv-offloading-slots 4800"). Not part of the test command: it installs from PyPI and takes
 # minutes to hours.
@@ -175,9 +175,12 @@ for rep in $(seq 1 "$REPEAT"); do
               --tokens-per-block 256 --prompt-format text --speedup "$SPEEDUP" --time-scale "$SPEEDUP" \
               --rate "$(rate "$wl" "$load")" --max-requests "$REQUESTS" --block-size "$(align "$preset")" \
               ${SESSIONS:+--sessions "$SESSIONS"} --timeout 120 --quiet --json "$json" --requests-log "${json%.json}.requests.jsonl" | sed -n 2p
-            # kvroute's learned models at the end of the run (GET /admin/workers).
+            # kvroute's learned models (GET /admin/workers) and its metrics (the TTFT prediction
+            # error histograms: bench/prederr.py) at the end of the run.
             case "$router" in
-              kvroute-*) curl -sf -o "${json%.json}.workers.json" http://127.0.0.1:18081/admin/workers || true ;;
+              kvroute-*)
+                curl -sf -o "${json%.json}.workers.json" http://127.0.0.1:18081/admin/workers || true
+                curl -sf -o "${json%.json}.metrics.prom" http://127.0.0.1:18081/metrics || true ;;
             esac
             cleanup
             sleep 1

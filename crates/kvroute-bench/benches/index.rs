@@ -2,7 +2,9 @@
 //! `ChainIndex` (full attention only), on the fleet of `kvroute_bench`, hashes precomputed.
 //!
 //! Ids are `{op}/{block size}/{index}-{groups}g`; one iteration is the whole fleet for `store`,
-//! `store-warm` (into tables grown by an earlier fill) and `remove` (128 workers × 8k tokens) and one 8k-token request against 128 workers for
+//! `store-warm` (into tables grown by an earlier fill), `remove` (128 workers × 8k tokens) and
+//! `remove-tracked` (the same, keeping the eviction charge's figures), and one 8k-token
+//! request against 128 workers for
 //! `predict`. `predict` asks kvroute for `cached` and `group_blind` (`Detail::Cached`, what routing
 //! uses; ChainIndex answers one prefix length per worker); `predict-evidence` adds each group's
 //! own length (`explain`); `predict-hashing` is `predict_all_detail` with its SHA-256 of the
@@ -97,6 +99,25 @@ fn benches(c: &mut Criterion) {
             c.bench_function(&id("remove", &f, "kvroute", layout), |b| {
                 b.iter_batched(
                     || kvroute_full(&f, layout),
+                    |index| {
+                        index.apply_all(&events);
+                        index
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+        // The same with the eviction figures kept (the gateway's `weights.eviction = true`):
+        // each removed block's fingerprint remembered.
+        for layout in Layout::ALL {
+            let events = f.remove_events(layout);
+            c.bench_function(&id("remove-tracked", &f, "kvroute", layout), |b| {
+                b.iter_batched(
+                    || {
+                        let index = kvroute_full(&f, layout);
+                        index.set_eviction_tracking(true);
+                        index
+                    },
                     |index| {
                         index.apply_all(&events);
                         index

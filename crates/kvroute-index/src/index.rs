@@ -1,8 +1,9 @@
 //! The concurrent hybrid cache index: every (worker, rank)'s state, and predictions.
 //!
 //! Owns: the map (worker, rank) → `RankState` (and the same ranks sorted, the order predictions
-//! return), per-worker configuration, index-wide counters, and the prediction entry points (one
-//! request against every worker, or one worker; with each group's evidence or without).
+//! return), per-worker configuration, index-wide counters, whether ranks keep eviction figures
+//! (off by default), and the prediction entry points (one request against every worker, or
+//! one worker; with each group's evidence or without).
 //! Invariants: one event is applied holding the shared run store's write lock and its rank's
 //! write lock, so a prediction (holding the store's read lock throughout) never sees half of an
 //! event; lock order is `configs`, `ranks`, `runs`, one rank, and the digest cache (a leaf:
@@ -450,8 +451,8 @@ impl Index {
 
     /// A worker's eviction figures summed over its ranks (`RankStats`' eviction-group
     /// tokens); zeros for a worker never seen, and nothing counted while the index does not
-    /// track evictions ([`Index::set_eviction_tracking`]). Running totals: a rank dropped or reset takes
-    /// its share with it, so they can go backwards.
+    /// track evictions ([`Index::set_eviction_tracking`]). Running totals: a rank dropped or
+    /// reset takes its share with it, so they can go backwards.
     pub fn eviction_stats(&self, worker: &WorkerId) -> EvictionStats {
         let ranks = self.ranks.read();
         let from = ranks.sorted.partition_point(|((w, _), _)| w < worker);

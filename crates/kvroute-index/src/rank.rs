@@ -3,8 +3,8 @@
 //! Owns: applying one normalized event to one rank (stores, removals, clears; device tier vs
 //! offload tiers; layout learning and layout changes; content-key placement; the live hash
 //! check, with vLLM 0.33's lookahead tokens when a store carries them), the per-rank
-//! statistics (the eviction group's stored and re-stored tokens among them, kept only while
-//! the index tracks evictions), the blocks the eviction group removed lately, and the rank's
+//! statistics, the eviction figures (the eviction group's stored and re-stored tokens, and the
+//! blocks it removed lately; kept only while the index tracks evictions), and the rank's
 //! `Plan` (params and lookups) for predictions.
 //! Invariants: only device-tier blocks reach the group holders; a removal takes one copy; a
 //! clear empties every device group but keeps the layout, and forgets the removed blocks (what

@@ -10,8 +10,11 @@
 //! gateways send the worker counts on both sides. On a full pool each block a prefill stores
 //! evicts an older one; the rate is how often what was evicted has been asked for again, so a
 //! placement of `u` uncached tokens there is charged [`eviction_ms`] = `u · rate ·
-//! ms_per_token`: the prefill later requests will spend on what this one pushes out. The index
-//! keeps these figures only while `weights.eviction` is on, so the rate is learned only then.
+//! ms_per_token`: the prefill later requests will spend on what this one pushes out. The
+//! gateway has the index keep these figures only while `weights.eviction` is on, so the rate
+//! is learned only then; switching the charge on or off by a reload starts every worker's
+//! model afresh (the index's list of removed blocks starts empty too, so for about one turn of
+//! the pool the rate reads low).
 //! Invariants: the rate is 0 until the worker has re-stored something (a pool that never
 //! evicts, or evicts only what nobody asks for again, costs nothing); it is never negative and
 //! never above 1 (a re-stored token was stored); it is shrunk by `B / (B + PRIOR_REQUESTS)`, B
@@ -107,6 +110,12 @@ impl EvictionModel {
         s.seen += dq;
     }
 
+    /// Forgets everything learned (the charge was switched on or off: the index's figures
+    /// stood still meanwhile while the worker's bookings went on).
+    pub fn reset(&self) {
+        *self.state.lock() = State::default();
+    }
+
     /// Re-stored tokens per stored token, shrunk by the requests seen.
     pub fn rate(&self) -> f64 {
         let s = self.state.lock();
@@ -177,6 +186,21 @@ mod tests {
         observe(&m, stats(500_000, 0), 1_000);
         assert_eq!(m.rate(), 0.0);
         assert_eq!(eviction_ms(2000.0, m.rate(), 0.06), 0.0);
+    }
+
+    #[test]
+    fn a_reset_model_takes_its_next_reading_as_a_baseline_not_as_growth() {
+        let m = EvictionModel::default();
+        observe(&m, stats(1_000, 100), 3);
+        observe(&m, stats(5_000, 1_100), 19);
+        assert!(m.rate() > 0.0);
+        m.reset();
+        assert_eq!(m.view(), EvictionView::default());
+        // The totals stood still while the worker booked 5,000 requests: no growth, no fade.
+        observe(&m, stats(5_000, 1_100), 5_019);
+        assert_eq!(m.view(), EvictionView::default());
+        observe(&m, stats(9_000, 2_100), 5_035);
+        assert!((m.rate() - 0.125).abs() < 1e-12);
     }
 
     #[test]

@@ -52,9 +52,10 @@ pub struct Worker {
     pub bookings_total: AtomicU64,
     /// This gateway's requests here whose first byte has not come back yet.
     pub prefilling: AtomicU64,
-    /// Mean prefill tokens this gateway booked per request here: the mean of the first
-    /// [`MEAN_PREFILL_WINDOW`] bookings, then each newest one weighs 1/[`MEAN_PREFILL_WINDOW`].
-    pub mean_prefill: Mutex<f64>,
+    /// Mean prefill tokens this gateway booked per request here, and the bookings it has
+    /// seen: the mean of the first [`MEAN_PREFILL_WINDOW`] bookings, then each newest one
+    /// weighs 1/[`MEAN_PREFILL_WINDOW`] ([`Worker::mean_prefill`]).
+    mean_prefill: Mutex<(f64, u64)>,
     /// The booked prefill as the engine works it off: (tokens left, as of when), drained at
     /// the worker's learned marginal prefill cost ([`Worker::set_prefill_ms_per_token`]).
     pub backlog: Mutex<(f64, Instant)>,
@@ -174,7 +175,7 @@ impl Worker {
             booked_total: AtomicU64::new(0),
             bookings_total: AtomicU64::new(0),
             prefilling: AtomicU64::new(0),
-            mean_prefill: Mutex::new(0.0),
+            mean_prefill: Mutex::new((0.0, 0)),
             backlog: Mutex::new((0.0, Instant::now())),
             prefill_ms_per_token: AtomicU64::new(0),
             engine_load: Mutex::new(EngineLoad::default()),
@@ -245,7 +246,18 @@ impl Worker {
             return own;
         }
         let others = load.waiting.saturating_sub(load.own_prefilling_at_poll);
-        own + (others as f64 * *self.mean_prefill.lock()) as u64
+        own + (others as f64 * self.mean_prefill()) as u64
+    }
+
+    /// Mean prefill tokens this gateway booked per request here (0 before the first).
+    pub fn mean_prefill(&self) -> f64 {
+        self.mean_prefill.lock().0
+    }
+
+    fn book_mean_prefill(&self, prefill: u64) {
+        let mut m = self.mean_prefill.lock();
+        m.1 += 1;
+        m.0 += (prefill as f64 - m.0) / m.1.min(MEAN_PREFILL_WINDOW) as f64;
     }
 
     /// The worker's learned marginal prefill cost, for draining the backlog (0: do not drain;
@@ -373,15 +385,10 @@ impl LoadGuard {
         worker.in_flight.fetch_add(1, Ordering::Relaxed);
         worker.queued_prefill.fetch_add(prefill, Ordering::Relaxed);
         worker.booked_total.fetch_add(prefill, Ordering::Relaxed);
-        let n = worker.bookings_total.fetch_add(1, Ordering::Relaxed) + 1;
+        worker.bookings_total.fetch_add(1, Ordering::Relaxed);
         worker.book_backlog(prefill, Instant::now());
         worker.prefilling.fetch_add(1, Ordering::Relaxed);
-        {
-            // The plain mean of the first 32 bookings, then the newest weighs 1/32: no start
-            // from 0 that would read as small prefills for the first hundred requests.
-            let mut m = worker.mean_prefill.lock();
-            *m += (prefill as f64 - *m) / n.min(MEAN_PREFILL_WINDOW) as f64;
-        }
+        worker.book_mean_prefill(prefill);
         LoadGuard {
             worker,
             prefill,
@@ -638,7 +645,9 @@ impl Registry {
     }
 }
 
-/// How many bookings the mean prefill per request follows ([`Worker::mean_prefill`]).
+/// How many bookings the mean prefill per request follows ([`Worker::mean_prefill`]): the
+/// plain mean up to there (no start from 0 that reads as small prefills for the first
+/// hundred requests), then the newest weighs 1/32.
 pub const MEAN_PREFILL_WINDOW: u64 = 32;
 
 #[cfg(test)]
@@ -655,14 +664,14 @@ mod tests {
         for prefill in [1000, 3000] {
             drop(LoadGuard::new(w.clone(), prefill));
         }
-        assert!((*w.mean_prefill.lock() - 2000.0).abs() < 1e-9);
+        assert!((w.mean_prefill() - 2000.0).abs() < 1e-9);
         for _ in 2..MEAN_PREFILL_WINDOW {
             drop(LoadGuard::new(w.clone(), 2000));
         }
-        assert!((*w.mean_prefill.lock() - 2000.0).abs() < 1e-9);
+        assert!((w.mean_prefill() - 2000.0).abs() < 1e-9);
         // Past the window the newest weighs 1/32.
         drop(LoadGuard::new(w.clone(), 2000 + 32 * 64));
-        assert!((*w.mean_prefill.lock() - 2064.0).abs() < 1e-9);
+        assert!((w.mean_prefill() - 2064.0).abs() < 1e-9);
     }
 
     #[test]

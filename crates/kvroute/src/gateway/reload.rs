@@ -1,5 +1,6 @@
 //! Configuration reload (SIGHUP, `POST /admin/reload`): the file the gateway was started with,
-//! read again and applied without dropping connections or index state.
+//! read again and applied without dropping connections or index state (but for the eviction
+//! charge's figures, which start afresh when `weights.eviction` changes).
 //!
 //! Owns: where the configuration came from ([`ConfigSource`]: the file and the command-line
 //! flags laid over it), one reload at a time, the check of the new configuration as a whole,
@@ -190,9 +191,10 @@ pub async fn reload_with(
 }
 
 /// Applies a validated configuration (its tenants already swapped in by [`reload_with`], the
-/// one step that can fail): every other reloadable section is applied here, and only here. The new configuration is swapped in first (the policy weights, limits, timeouts, the
-/// admin token and the discovery settings read it live), then the live policy is set and the
-/// configured worker list reconciled.
+/// one step that can fail): every other reloadable section is applied here, and only here.
+/// The index's eviction tracking follows `weights.eviction` first; then the new configuration
+/// is swapped in (the policy weights, limits, timeouts, the admin token and the discovery
+/// settings read it live), the live policy is set and the configured worker list reconciled.
 pub async fn apply_reload(
     state: &Arc<AppState>,
     old: &GatewayConfig,
@@ -222,11 +224,17 @@ pub async fn apply_reload(
     );
     let policy = new.policy;
     let workers = new.workers.clone();
-    // Before the weights that read them: the eviction figures start from this point.
-    state
-        .registry
-        .index
-        .set_eviction_tracking(new.weights.eviction);
+    // Before the weights that read them: the eviction figures start from this point, and
+    // each worker's rate is learned afresh.
+    if new.weights.eviction != old.weights.eviction {
+        state
+            .registry
+            .index
+            .set_eviction_tracking(new.weights.eviction);
+        for w in state.registry.all() {
+            w.eviction.reset();
+        }
+    }
     state.set_config(new);
     let from = state.policy();
     if from != policy {

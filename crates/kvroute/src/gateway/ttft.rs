@@ -79,6 +79,9 @@ pub struct Rls {
     /// Running mean of squared residuals (ms²): the noise a coefficient must stand out from
     /// before predictions use it.
     noise: f64,
+    /// The bounded coefficients predictions use ([`Rls::effective`]), refreshed by every
+    /// observation.
+    bounded: [f64; DIM],
 }
 
 /// Weight of the newest squared error in [`Rls`]'s noise estimate.
@@ -92,12 +95,15 @@ impl Default for Rls {
         for (i, row) in p.iter_mut().enumerate() {
             row[i] = PRIOR_VARIANCE[i];
         }
-        Rls {
+        let mut rls = Rls {
             theta: PRIOR,
             p,
             samples: 0,
             noise: 0.0,
-        }
+            bounded: PRIOR,
+        };
+        rls.bounded = rls.bound();
+        rls
     }
 }
 
@@ -131,6 +137,7 @@ impl Rls {
             }
         }
         self.samples += 1;
+        self.bounded = self.bound();
     }
 
     pub fn theta(&self) -> [f64; DIM] {
@@ -148,19 +155,20 @@ impl Rls {
             && self.theta[i] > 2.0 * (self.noise * self.p[i][i].max(0.0)).sqrt()
     }
 
-    /// The coefficients predictions use: the fixed cost as fitted (at least 0); the prefill
-    /// rate as fitted once it stands out from the noise, else the prior's (where an engine's
-    /// prefill hides in the noise of its answers, as behind a simulator running faster than
-    /// real time, a typical rate still ranks more work as slower); the attention and decode
-    /// terms as fitted (at least 0).
+    /// The coefficients predictions use: the least-squares fit under bounds — the fixed cost,
+    /// the attention and decode terms at least 0, the prefill rate at least
+    /// [`MIN_TOKEN_MS`], and the rate held at the prior's once it does not stand out from the
+    /// noise (where an engine's prefill hides in the noise of its answers, as behind a
+    /// simulator running faster than real time, a typical rate still ranks more work as
+    /// slower). A bound that binds refits the other coefficients with that one held
+    /// ([`bounded`]): clamping a negative coefficient to 0 and keeping the rest would
+    /// predict every request too slow by what that coefficient took off.
     pub fn effective(&self) -> [f64; DIM] {
-        let t = &self.theta;
-        [
-            t[0].max(0.0),
-            if self.trusted(1) { t[1] } else { PRIOR[1] }.max(MIN_TOKEN_MS),
-            t[2].max(0.0),
-            t[3].max(0.0),
-        ]
+        self.bounded
+    }
+
+    fn bound(&self) -> [f64; DIM] {
+        bounded(&self.theta, &self.p, self.trusted(1))
     }
 
     /// Predicted milliseconds from [`Rls::effective`]: more work never costs less.
@@ -173,6 +181,78 @@ impl Rls {
     pub fn ms_per_token(&self) -> f64 {
         self.effective()[1] / 1000.0
     }
+}
+
+/// The lower bounds [`Rls::effective`] keeps coefficients to.
+const LOWER: [f64; DIM] = [0.0, MIN_TOKEN_MS, 0.0, 0.0];
+
+/// The fit `theta` (with `p`, its inverse normal matrix as the recursion keeps it) under the
+/// bounds [`LOWER`], the rate held at the prior's unless `trusted_rate`: of
+/// every set of coefficients held at their bounds (the forced one among them), the one whose
+/// refit of the others (`θ + P[:,S] P[S,S]⁻¹ (v_S − θ_S)`, the least-squares solution with
+/// those held) stays within the bounds and costs the least fit
+/// (`(v_S − θ_S)ᵀ P[S,S]⁻¹ (v_S − θ_S)`). With four coefficients that is 16 sets at most.
+fn bounded(theta: &[f64; DIM], p: &[[f64; DIM]; DIM], trusted_rate: bool) -> [f64; DIM] {
+    let forced: u32 = if trusted_rate { 0 } else { 1 << 1 };
+    let mut best: Option<(f64, [f64; DIM])> = None;
+    for set in 0u32..(1 << DIM) {
+        if set & forced != forced {
+            continue;
+        }
+        let held = |i: usize| set & (1 << i) != 0;
+        let value = |i: usize| {
+            if i == 1 && forced != 0 {
+                PRIOR[1]
+            } else {
+                LOWER[i]
+            }
+        };
+        // P[S,S] z = v_S − θ_S, identity elsewhere.
+        let mut a = [[0.0; DIM]; DIM];
+        let mut b = [0.0; DIM];
+        for i in 0..DIM {
+            if held(i) {
+                for j in 0..DIM {
+                    if held(j) {
+                        a[i][j] = p[i][j];
+                    }
+                }
+                b[i] = value(i) - theta[i];
+            } else {
+                a[i][i] = 1.0;
+            }
+        }
+        let z = solve(a, b);
+        let fit: [f64; DIM] = std::array::from_fn(|i| {
+            if held(i) {
+                value(i)
+            } else {
+                theta[i]
+                    + (0..DIM)
+                        .filter(|j| held(*j))
+                        .map(|j| p[i][j] * z[j])
+                        .sum::<f64>()
+            }
+        });
+        let cost: f64 = (0..DIM).filter(|i| held(*i)).map(|i| z[i] * b[i]).sum();
+        let within = (0..DIM).all(|i| fit[i].is_finite() && fit[i] >= LOWER[i] - 1e-9);
+        if within && cost.is_finite() && best.is_none_or(|(c, _)| cost < c) {
+            best = Some((cost, fit));
+        }
+    }
+    // Holding every coefficient is always within the bounds; kept for non-finite input.
+    best.map_or_else(
+        || {
+            std::array::from_fn(|i| {
+                if i == 1 && forced != 0 {
+                    PRIOR[1]
+                } else {
+                    LOWER[i]
+                }
+            })
+        },
+        |(_, fit)| fit,
+    )
 }
 
 /// The weighted least-squares fit the recursion equals: minimizes
@@ -447,7 +527,134 @@ mod tests {
         assert_eq!(m.theta(), PRIOR);
     }
 
+    /// The weighted least-squares objective [`reference_fit`] minimizes, at `theta`.
+    fn objective(obs: &[([f64; DIM], f64)], theta: &[f64; DIM]) -> f64 {
+        let n = obs.len() as i32;
+        let prior: f64 = (0..DIM)
+            .map(|i| FORGET.powi(n) / PRIOR_VARIANCE[i] * (theta[i] - PRIOR[i]).powi(2))
+            .sum();
+        let fit: f64 = obs
+            .iter()
+            .enumerate()
+            .map(|(k, (x, y))| {
+                let r = y - (0..DIM).map(|i| x[i] * theta[i]).sum::<f64>();
+                FORGET.powi(n - 1 - k as i32) * r * r
+            })
+            .sum();
+        prior + fit
+    }
+
+    /// The literal bounded fit: for every set of coefficients held at their bounds, the
+    /// normal equations of the others; the best of those within the bounds.
+    fn reference_bounded_fit(obs: &[([f64; DIM], f64)], trusted_rate: bool) -> [f64; DIM] {
+        let n = obs.len() as i32;
+        let mut a = [[0.0; DIM]; DIM];
+        let mut b = [0.0; DIM];
+        for i in 0..DIM {
+            a[i][i] += FORGET.powi(n) / PRIOR_VARIANCE[i];
+            b[i] += FORGET.powi(n) / PRIOR_VARIANCE[i] * PRIOR[i];
+        }
+        for (k, (x, y)) in obs.iter().enumerate() {
+            let w = FORGET.powi(n - 1 - k as i32);
+            for i in 0..DIM {
+                for j in 0..DIM {
+                    a[i][j] += w * x[i] * x[j];
+                }
+                b[i] += w * x[i] * y;
+            }
+        }
+        let mut best: Option<(f64, [f64; DIM])> = None;
+        for set in 0u32..16 {
+            if !trusted_rate && set & 2 == 0 {
+                continue;
+            }
+            let held = |i: usize| set & (1 << i) != 0;
+            let v = |i: usize| {
+                if i == 1 && !trusted_rate {
+                    PRIOR[1]
+                } else {
+                    LOWER[i]
+                }
+            };
+            let (mut ra, mut rb) = ([[0.0; DIM]; DIM], [0.0; DIM]);
+            for i in 0..DIM {
+                if held(i) {
+                    ra[i][i] = 1.0;
+                    rb[i] = v(i);
+                } else {
+                    for j in 0..DIM {
+                        if held(j) {
+                            rb[i] -= a[i][j] * v(j);
+                        } else {
+                            ra[i][j] = a[i][j];
+                        }
+                    }
+                    rb[i] += b[i];
+                }
+            }
+            let theta = solve(ra, rb);
+            if (0..DIM).all(|i| theta[i] >= LOWER[i] - 1e-9) {
+                let c = objective(obs, &theta);
+                if best.is_none_or(|(bc, _)| c < bc) {
+                    best = Some((c, theta));
+                }
+            }
+        }
+        best.map(|(_, t)| t).unwrap_or(LOWER)
+    }
+
+    #[test]
+    fn a_negative_fitted_term_is_held_at_zero_and_the_others_refit_without_it() {
+        let mut m = Rls::default();
+        // An engine whose answers take 30 ms + 50 µs a token less 4 ms per million attention
+        // pairs (a feature that, fitted free, comes out negative): held at 0, the fixed cost
+        // and the rate take up the difference, and predictions stay centred on the answers.
+        let mut obs = Vec::new();
+        for i in 0..400u64 {
+            let w = Work::new(0, 1000 + (i * 53) % 3000, 100 + (i * 91) % 1500, 0);
+            let x = w.features();
+            let y = 30.0 + 0.05 * w.own_tokens as f64 - 4.0 * w.pairs / 1e6;
+            m.observe(&x, y);
+            obs.push((x, y));
+        }
+        assert!(m.theta()[2] < -1.0, "{:?}", m.theta());
+        let e = m.effective();
+        assert_eq!(e[2], 0.0);
+        let mean_error = obs.iter().map(|(x, y)| m.predict(x) - y).sum::<f64>() / obs.len() as f64;
+        let clamped: [f64; DIM] = std::array::from_fn(|i| m.theta()[i].max(LOWER[i]));
+        let clamped_error = obs
+            .iter()
+            .map(|(x, y)| (0..DIM).map(|i| x[i] * clamped[i]).sum::<f64>() - y)
+            .sum::<f64>()
+            / obs.len() as f64;
+        assert!(mean_error.abs() < 1.0, "{mean_error}");
+        assert!(clamped_error > 3.0, "{clamped_error}");
+    }
+
     proptest! {
+        #[test]
+        fn the_bounded_coefficients_fit_as_well_as_the_literal_best_bounded_fit(
+            rows in proptest::collection::vec((0u64..20_000, 0u64..8_000, 0u64..4_000, 0u64..64, 0.0f64..5_000.0), 1..80)
+        ) {
+            let mut m = Rls::default();
+            let mut obs = Vec::new();
+            for (q, c, u, r, y) in rows {
+                let x = Work::new(q, c, u, r).features();
+                m.observe(&x, y);
+                obs.push((x, y));
+            }
+            let got = m.effective();
+            for i in 0..DIM {
+                prop_assert!(got[i] >= LOWER[i] - 1e-9, "{got:?}");
+            }
+            if !m.trusted(1) {
+                prop_assert_eq!(got[1], PRIOR[1]);
+            }
+            let want = reference_bounded_fit(&obs, m.trusted(1));
+            let (g, w) = (objective(&obs, &got), objective(&obs, &want));
+            prop_assert!(g <= w * (1.0 + 1e-6) + 1e-3, "{got:?} {g} vs {want:?} {w}");
+        }
+
         #[test]
         fn the_recursion_equals_the_weighted_least_squares_fit(
             rows in proptest::collection::vec((0u64..20_000, 0u64..8_000, 0u64..4_000, 0u64..64, 0.0f64..5_000.0), 1..120)

@@ -1,5 +1,6 @@
 //! Configuration reload over real sockets: `POST /admin/reload` applies the file's policy,
-//! weights (the index's eviction figures follow the eviction charge) and worker list while a streaming request finishes on the worker being removed; an invalid file
+//! weights (the index keeps eviction figures only under the eviction charge) and worker list
+//! while a streaming request finishes on the worker being removed; an invalid file
 //! is rejected whole with the reason and the old configuration stays; `kvroute serve` reloads
 //! on SIGHUP.
 
@@ -91,7 +92,8 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
     assert_eq!(stream.status(), 200);
     assert!(stream.chunk().await.unwrap().is_some());
 
-    // The file now names another policy, a body limit and w1 instead of w0.
+    // The file now names another policy, a body limit, the eviction charge and w1 instead of
+    // w0.
     std::fs::write(
         &path,
         config_text(
@@ -166,6 +168,20 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
         metric(&text, "kvroute_config_reloads_total{result=\"ok\"}"),
         1.0
     );
+    // The charge off again: the index stops keeping its figures.
+    std::fs::write(
+        &path,
+        config_text(
+            "least-load",
+            &[("w1", &f.workers[1])],
+            "max_body_bytes = 4096",
+        ),
+    )
+    .unwrap();
+    let (status, report) = reload(&gw).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["changed"], json!(["weights"]));
+    assert!(!gw.state.registry.index.tracks_evictions());
     gw.shutdown().await;
     let _ = std::fs::remove_file(&path);
 }
