@@ -7,8 +7,10 @@
 //! observes on every answered request), and [`reference_fit`], the literal weighted
 //! least-squares solution the recursion must equal.
 //! Invariants: the recursion's estimate equals the weighted least-squares fit with the prior
-//! (property-tested); a prediction never falls when work grows (coefficients are clamped at
-//! zero, the per-token cost at a floor); before its first observations a model predicts from
+//! (property-tested); a prediction never falls when work grows (predictions use the fit under
+//! bounds — coefficients at least zero, the per-token cost at least a floor — with the others
+//! refitted where a bound binds, property-tested against the literal bounded fit); before its
+//! first observations a model predicts from
 //! its prior (an order-of-magnitude prefill rate), so decisions are defined from the first
 //! request on.
 //! Must not: read sockets or clocks; callers pass the observations.
