@@ -13,10 +13,11 @@
 # router: starts a fresh fleet of `kvroute sim-worker` processes, the router in front of it,
 # and `kvroute bench` against the router; every router sees the same requests at the same
 # times. Results: one JSON per run under $OUT (default bench/out/) with its requests log and,
-# for kvroute, its GET /admin/workers and /metrics, and a Markdown table of every cell (bench/matrix.py). KVROUTE_ARGS adds flags to kvroute's `serve` (an ablation, with its
-# own --out); SIM_ARGS adds flags to every `kvroute sim-worker` (e.g. a CPU tier:
-# SIM_ARGS="--kv-offloading-slots 4800"). Not part of the test command: it installs from PyPI and takes
-# minutes to hours.
+# for kvroute, its GET /admin/workers and /metrics (bench/prederr.py), and a Markdown table of
+# every cell (bench/matrix.py). KVROUTE_ARGS adds flags to kvroute's `serve` (an ablation, with
+# its own --out); SIM_ARGS adds flags to every `kvroute sim-worker` (e.g. a CPU tier:
+# SIM_ARGS="--kv-offloading-slots 4800"). Not part of the test command: it installs from PyPI
+# and takes minutes to hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
