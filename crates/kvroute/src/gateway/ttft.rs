@@ -260,6 +260,12 @@ fn bounded(theta: &[f64; DIM], p: &[[f64; DIM]; DIM], trusted_rate: bool) -> [f6
 /// The weighted least-squares fit the recursion equals: minimizes
 /// `Σ λ^(n−i) (y_i − x_iᵀθ)² + λ^n (θ − θ₀)ᵀ P₀⁻¹ (θ − θ₀)`, solved by the normal equations.
 pub fn reference_fit(obs: &[([f64; DIM], f64)]) -> [f64; DIM] {
+    let (a, b) = normal_equations(obs);
+    solve(a, b)
+}
+
+/// The normal equations `A θ = b` of [`reference_fit`]'s objective.
+fn normal_equations(obs: &[([f64; DIM], f64)]) -> ([[f64; DIM]; DIM], [f64; DIM]) {
     let n = obs.len() as i32;
     let mut a = [[0.0; DIM]; DIM];
     let mut b = [0.0; DIM];
@@ -277,7 +283,7 @@ pub fn reference_fit(obs: &[([f64; DIM], f64)]) -> [f64; DIM] {
             b[i] += w * x[i] * y;
         }
     }
-    solve(a, b)
+    (a, b)
 }
 
 /// Gaussian elimination with partial pivoting.
@@ -549,22 +555,7 @@ mod tests {
     /// The literal bounded fit: for every set of coefficients held at their bounds, the
     /// normal equations of the others; the best of those within the bounds.
     fn reference_bounded_fit(obs: &[([f64; DIM], f64)], trusted_rate: bool) -> [f64; DIM] {
-        let n = obs.len() as i32;
-        let mut a = [[0.0; DIM]; DIM];
-        let mut b = [0.0; DIM];
-        for i in 0..DIM {
-            a[i][i] += FORGET.powi(n) / PRIOR_VARIANCE[i];
-            b[i] += FORGET.powi(n) / PRIOR_VARIANCE[i] * PRIOR[i];
-        }
-        for (k, (x, y)) in obs.iter().enumerate() {
-            let w = FORGET.powi(n - 1 - k as i32);
-            for i in 0..DIM {
-                for j in 0..DIM {
-                    a[i][j] += w * x[i] * x[j];
-                }
-                b[i] += w * x[i] * y;
-            }
-        }
+        let (a, b) = normal_equations(obs);
         let mut best: Option<(f64, [f64; DIM])> = None;
         for set in 0u32..16 {
             if !trusted_rate && set & 2 == 0 {
@@ -633,18 +624,25 @@ mod tests {
         assert!(clamped_error > 3.0, "{clamped_error}");
     }
 
+    /// A model fed `rows` (queued, cached, uncached, running, observed ms), and the
+    /// observations as fed.
+    fn fitted(rows: Vec<(u64, u64, u64, u64, f64)>) -> (Rls, Vec<([f64; DIM], f64)>) {
+        let mut m = Rls::default();
+        let mut obs = Vec::new();
+        for (q, c, u, r, y) in rows {
+            let x = Work::new(q, c, u, r).features();
+            m.observe(&x, y);
+            obs.push((x, y));
+        }
+        (m, obs)
+    }
+
     proptest! {
         #[test]
         fn the_bounded_coefficients_fit_as_well_as_the_literal_best_bounded_fit(
             rows in proptest::collection::vec((0u64..20_000, 0u64..8_000, 0u64..4_000, 0u64..64, 0.0f64..5_000.0), 1..80)
         ) {
-            let mut m = Rls::default();
-            let mut obs = Vec::new();
-            for (q, c, u, r, y) in rows {
-                let x = Work::new(q, c, u, r).features();
-                m.observe(&x, y);
-                obs.push((x, y));
-            }
+            let (m, obs) = fitted(rows);
             let got = m.effective();
             for i in 0..DIM {
                 prop_assert!(got[i] >= LOWER[i] - 1e-9, "{got:?}");
@@ -661,13 +659,7 @@ mod tests {
         fn the_recursion_equals_the_weighted_least_squares_fit(
             rows in proptest::collection::vec((0u64..20_000, 0u64..8_000, 0u64..4_000, 0u64..64, 0.0f64..5_000.0), 1..120)
         ) {
-            let mut m = Rls::default();
-            let mut obs = Vec::new();
-            for (q, c, u, r, y) in rows {
-                let x = Work::new(q, c, u, r).features();
-                m.observe(&x, y);
-                obs.push((x, y));
-            }
+            let (m, obs) = fitted(rows);
             let want = reference_fit(&obs);
             let got = m.theta();
             // Compare predictions over the observed points (coefficients of collinear
