@@ -86,6 +86,11 @@ pub struct Rls {
     bounded: [f64; DIM],
 }
 
+/// How far forgetting may inflate [`Rls`]'s P: its trace stays within this many times the
+/// prior's (a direction no answer varies in would otherwise grow by 1/λ an answer, ×e⁴⁰ over
+/// 20,000 answers, until rounding makes variances negative).
+const MAX_WINDUP: f64 = 100.0;
+
 /// Weight of the newest squared error in [`Rls`]'s noise estimate.
 const NOISE_WEIGHT: f64 = 0.02;
 /// Answers before any learned coefficient is trusted over the prior.
@@ -121,6 +126,19 @@ impl Rls {
             return;
         }
         let k: [f64; DIM] = std::array::from_fn(|i| px[i] / denom);
+        // P = (P − k·(Px)ᵀ) / λ, kept symmetric (P is, so xᵀP = (Px)ᵀ); an update that would
+        // leave a variance that is not positive (rounding once P has grown) is skipped whole.
+        let mut next = [[0.0; DIM]; DIM];
+        for i in 0..DIM {
+            for j in 0..DIM {
+                let a = self.p[i][j] - k[i] * px[j];
+                let b = self.p[j][i] - k[j] * px[i];
+                next[i][j] = (a + b) / 2.0 / FORGET;
+            }
+        }
+        if (0..DIM).any(|i| !(next[i][i] > 0.0 && next[i][i].is_finite())) {
+            return;
+        }
         let err = y - (0..DIM).map(|i| x[i] * self.theta[i]).sum::<f64>();
         for i in 0..DIM {
             self.theta[i] += k[i] * err;
@@ -132,10 +150,15 @@ impl Rls {
         } else {
             (1.0 - NOISE_WEIGHT) * self.noise + NOISE_WEIGHT * residual * residual
         };
-        // P = (P − k·(Px)ᵀ) / λ  (P is symmetric, so xᵀP = (Px)ᵀ).
+        // Forgetting inflates P along directions the answers never vary in (the attention
+        // work moving with the token count): past MAX_WINDUP times the prior's total variance
+        // it is scaled back, so P cannot grow until rounding breaks it.
+        let trace: f64 = (0..DIM).map(|i| next[i][i]).sum();
+        let cap = MAX_WINDUP * PRIOR_VARIANCE.iter().sum::<f64>();
+        let scale = if trace > cap { cap / trace } else { 1.0 };
         for i in 0..DIM {
             for j in 0..DIM {
-                self.p[i][j] = (self.p[i][j] - k[i] * px[j]) / FORGET;
+                self.p[i][j] = next[i][j] * scale;
             }
         }
         self.samples += 1;
@@ -236,25 +259,34 @@ fn bounded(theta: &[f64; DIM], p: &[[f64; DIM]; DIM], trusted_rate: bool) -> [f6
                         .sum::<f64>()
             }
         });
+        // The cost is a quadratic form of a positive definite matrix: a negative one is
+        // rounding on a near-singular P[S,S], and that set is not trusted.
         let cost: f64 = (0..DIM).filter(|i| held(*i)).map(|i| z[i] * b[i]).sum();
         let within = (0..DIM).all(|i| fit[i].is_finite() && fit[i] >= LOWER[i] - 1e-9);
-        if within && cost.is_finite() && best.is_none_or(|(c, _)| cost < c) {
+        if within && cost.is_finite() && cost >= 0.0 && best.is_none_or(|(c, _)| cost < c) {
             best = Some((cost, fit));
         }
     }
-    // Holding every coefficient is always within the bounds; kept for non-finite input.
-    best.map_or_else(
+    // Without a set to trust (non-finite input), each coefficient clamped alone.
+    let fit = best.map_or_else(
         || {
             std::array::from_fn(|i| {
                 if i == 1 && forced != 0 {
                     PRIOR[1]
                 } else {
-                    LOWER[i]
+                    theta[i]
                 }
             })
         },
         |(_, fit)| fit,
-    )
+    );
+    std::array::from_fn(|i| {
+        if fit[i].is_finite() {
+            fit[i].max(LOWER[i])
+        } else {
+            LOWER[i]
+        }
+    })
 }
 
 /// The weighted least-squares fit the recursion equals: minimizes
@@ -295,7 +327,10 @@ fn solve(mut a: [[f64; DIM]; DIM], mut b: [f64; DIM]) -> [f64; DIM] {
         a.swap(col, piv);
         b.swap(col, piv);
         let d = a[col][col];
-        if d == 0.0 {
+        let scale = a.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+        if d.abs() <= 1e-13 * scale {
+            // Singular in this column: its unknown is left at 0.
+            a[col][col] = 0.0;
             continue;
         }
         for row in col + 1..DIM {
@@ -593,7 +628,12 @@ mod tests {
                 }
             }
         }
-        best.map(|(_, t)| t).unwrap_or(LOWER)
+        best.map(|(_, t)| t).unwrap_or([
+            LOWER[0],
+            if trusted_rate { LOWER[1] } else { PRIOR[1] },
+            LOWER[2],
+            LOWER[3],
+        ])
     }
 
     #[test]
@@ -622,6 +662,30 @@ mod tests {
             / obs.len() as f64;
         assert!(mean_error.abs() < 1.0, "{mean_error}");
         assert!(clamped_error > 3.0, "{clamped_error}");
+    }
+
+    #[test]
+    fn tens_of_thousands_of_answers_whose_attention_work_moves_with_their_tokens_keep_the_fit_sane()
+    {
+        let mut m = Rls::default();
+        // Shared-prefix-like work: ~130 uncached tokens on a 2,048-token cached prefix, so the
+        // attention pairs are the token count times a constant; 30 ms + 50 µs a token.
+        let mut rng = 99u64;
+        for i in 0..30_000u64 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = (rng >> 11) as f64 / (1u64 << 53) as f64 * 6.0 - 3.0;
+            let w = Work::new(0, 2048, 120 + i % 20, 0);
+            m.observe(&w.features(), 30.0 + 0.05 * w.own_tokens as f64 + noise);
+        }
+        for i in 0..DIM {
+            assert!(m.p[i][i] > 0.0 && m.p[i][i].is_finite(), "{:?}", m.p);
+        }
+        let at = |u: u64| m.predict(&Work::new(0, 2048, u, 0).features());
+        let want = 30.0 + 0.05 * 130.0;
+        assert!((at(130) - want).abs() < 2.0, "{} vs {want}", at(130));
+        assert!(at(4000) >= at(130));
     }
 
     /// A model fed `rows` (queued, cached, uncached, running, observed ms), and the
@@ -653,6 +717,11 @@ mod tests {
             let want = reference_bounded_fit(&obs, m.trusted(1));
             let (g, w) = (objective(&obs, &got), objective(&obs, &want));
             prop_assert!(g <= w * (1.0 + 1e-6) + 1e-3, "{got:?} {g} vs {want:?} {w}");
+            // The rate left free whatever the noise (random answers rarely make it stand out).
+            let free = bounded(&m.theta, &m.p, true);
+            let want = reference_bounded_fit(&obs, true);
+            let (g, w) = (objective(&obs, &free), objective(&obs, &want));
+            prop_assert!(g <= w * (1.0 + 1e-6) + 1e-3, "{free:?} {g} vs {want:?} {w}");
         }
 
         #[test]
