@@ -9,10 +9,10 @@
 //! Invariants: the recursion's estimate equals the weighted least-squares fit with the prior
 //! (property-tested); a prediction never falls when work grows (predictions use the fit under
 //! bounds — coefficients at least zero, the per-token cost at least a floor — with the others
-//! refitted where a bound binds, property-tested against the literal bounded fit); before its
-//! first observations a model predicts from
-//! its prior (an order-of-magnitude prefill rate), so decisions are defined from the first
-//! request on.
+//! refitted where a bound binds, property-tested against the literal bounded fit); P's trace
+//! stays within [`MAX_WINDUP`] times the prior's; before its first observations a model
+//! predicts from its prior (an order-of-magnitude prefill rate), so decisions are defined from
+//! the first request on.
 //! Must not: read sockets or clocks; callers pass the observations.
 
 // The 4×4 matrix arithmetic reads clearest with indices.
