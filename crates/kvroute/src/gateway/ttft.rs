@@ -511,16 +511,21 @@ mod tests {
         assert!((from_own - 45.0).abs() < 5.0, "{from_own}");
     }
 
+    /// A seeded draw, uniform in ±`half_width` (a linear congruential generator).
+    fn uniform(rng: &mut u64, half_width: f64) -> f64 {
+        *rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*rng >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * half_width
+    }
+
     #[test]
     fn a_prefill_rate_hidden_in_noise_falls_back_to_the_prior() {
         let mut m = Rls::default();
         // 25 ms ± 10 ms whatever the work: no rate to see.
         let mut rng = 12345u64;
         for i in 0..300u64 {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let noise = (rng >> 11) as f64 / (1u64 << 53) as f64 * 20.0 - 10.0;
+            let noise = uniform(&mut rng, 10.0);
             let w = Work::new((i * 37) % 3000, 0, 100 + (i * 91) % 2000, i % 5);
             m.observe(&w.features(), 25.0 + noise);
         }
@@ -672,10 +677,7 @@ mod tests {
         // attention pairs are the token count times a constant; 30 ms + 50 µs a token.
         let mut rng = 99u64;
         for i in 0..30_000u64 {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let noise = (rng >> 11) as f64 / (1u64 << 53) as f64 * 6.0 - 3.0;
+            let noise = uniform(&mut rng, 3.0);
             let w = Work::new(0, 2048, 120 + i % 20, 0);
             m.observe(&w.features(), 30.0 + 0.05 * w.own_tokens as f64 + noise);
         }
