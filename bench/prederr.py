@@ -50,13 +50,13 @@ def share_under(cum, bound):
     return float("nan")
 
 
-def quantile(cum, q, lowest):
-    """The q-quantile, linear within the bucket that holds it (`lowest`: the first bucket's
-    lower edge)."""
+def quantile(cum, q):
+    """The q-quantile of a histogram whose first bucket starts at 0, linear within the bucket
+    that holds it."""
     total = cum[-1][1] if cum else 0
     if not total:
         return float("nan")
-    want, prev_le, prev_c = q * total, lowest, 0.0
+    want, prev_le, prev_c = q * total, 0.0, 0.0
     for le, c in cum:
         if c >= want:
             if le == float("inf"):
@@ -85,7 +85,7 @@ def row(name, rel, err):
         100 * share_under(rel, 0.05),
         100 * share_under(rel, 0.1),
         100 * share_under(rel, 0.2),
-        100 * quantile(rel, 0.5, 0.0),
+        100 * quantile(rel, 0.5),
         1000 * mean,
     )
 

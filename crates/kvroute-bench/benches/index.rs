@@ -93,38 +93,27 @@ fn benches(c: &mut Criterion) {
             )
         });
 
-        // Remove the whole fleet, tail first, from a full index.
-        for layout in Layout::ALL {
-            let events = f.remove_events(layout);
-            c.bench_function(&id("remove", &f, "kvroute", layout), |b| {
-                b.iter_batched(
-                    || kvroute_full(&f, layout),
-                    |index| {
-                        index.apply_all(&events);
-                        index
-                    },
-                    BatchSize::PerIteration,
-                )
-            });
-        }
-        // The same with the eviction figures kept (the gateway's `weights.eviction = true`):
-        // each removed block's fingerprint remembered.
-        for layout in Layout::ALL {
-            let events = f.remove_events(layout);
-            c.bench_function(&id("remove-tracked", &f, "kvroute", layout), |b| {
-                b.iter_batched(
-                    || {
-                        let index = kvroute_full(&f, layout);
-                        index.set_eviction_tracking(true);
-                        index
-                    },
-                    |index| {
-                        index.apply_all(&events);
-                        index
-                    },
-                    BatchSize::PerIteration,
-                )
-            });
+        // Remove the whole fleet, tail first, from a full index; `remove-tracked` keeps the
+        // eviction figures (the gateway's `weights.eviction = true`): each removed block's
+        // fingerprint remembered.
+        for (op, tracked) in [("remove", false), ("remove-tracked", true)] {
+            for layout in Layout::ALL {
+                let events = f.remove_events(layout);
+                c.bench_function(&id(op, &f, "kvroute", layout), |b| {
+                    b.iter_batched(
+                        || {
+                            let index = kvroute_full(&f, layout);
+                            index.set_eviction_tracking(tracked);
+                            index
+                        },
+                        |index| {
+                            index.apply_all(&events);
+                            index
+                        },
+                        BatchSize::PerIteration,
+                    )
+                });
+            }
         }
         c.bench_function(&id("remove", &f, "chain", Layout::Full), |b| {
             b.iter_batched(
