@@ -123,6 +123,9 @@ pub struct BenchArgs {
     /// The in-process gateway's pricing of the cache a placement evicts (true | false).
     #[arg(long)]
     eviction: Option<bool>,
+    /// The in-process gateway's pricing of the next arrivals' wait (true | false).
+    #[arg(long)]
+    next_arrivals: Option<bool>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -192,6 +195,7 @@ impl BenchArgs {
             decode_interference: self.decode_interference,
             prefill_stall: self.prefill_stall,
             eviction: self.eviction,
+            next_arrivals: self.next_arrivals,
         })
     }
 }

@@ -239,6 +239,10 @@ struct ServeArgs {
     /// (false, the default).
     #[arg(long)]
     eviction: Option<bool>,
+    /// Cost model ttft: price the wait a placement adds to the requests reaching the fleet
+    /// while its least-loaded worker drains (true) or leave it out (false, the default).
+    #[arg(long)]
+    next_arrivals: Option<bool>,
     /// The prefill queued on a worker drains at its learned prefill rate (true, the default)
     /// or counts whole until each request's first byte (false).
     #[arg(long)]
@@ -406,6 +410,9 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(e) = a.eviction {
         cfg.weights.eviction = e;
+    }
+    if let Some(n) = a.next_arrivals {
+        cfg.weights.next_arrivals = n;
     }
     if let Some(q) = a.queue_drain {
         cfg.weights.queue_drain = q;

@@ -147,6 +147,8 @@ pub struct BenchOptions {
     pub prefill_stall: Option<crate::gateway::config::PrefillStall>,
     /// The in-process gateway's `weights.eviction` (default: the gateway's own).
     pub eviction: Option<bool>,
+    /// The in-process gateway's `weights.next_arrivals` (default: the gateway's own).
+    pub next_arrivals: Option<bool>,
 }
 
 impl Default for BenchOptions {
@@ -187,6 +189,7 @@ impl Default for BenchOptions {
             decode_interference: None,
             prefill_stall: None,
             eviction: None,
+            next_arrivals: None,
         }
     }
 }
@@ -218,6 +221,9 @@ async fn start_kvroute(
     }
     if let Some(e) = o.eviction {
         weights.eviction = e;
+    }
+    if let Some(n) = o.next_arrivals {
+        weights.next_arrivals = n;
     }
     weights.cost = simfleet::cost_for(o.speedup, o.cost);
     let shape = FleetShape {

@@ -3,19 +3,29 @@
 //!
 //! Owns: [`Arrivals`], a worker's request rate (an exponentially weighted mean of the gaps
 //! between the requests routed to it, on the gateway's monotonic clock; a worker that has
-//! gone quiet for longer than its mean gap is credited with the quiet time instead), and
-//! [`delay_to_others_ms`], the externality the cost model adds to a candidate. An engine
-//! schedules waiting requests first come, first served (vLLM's scheduler: running requests,
-//! then the waiting queue in order), so a request's own prefill delays every request that
-//! reaches the same worker before its first token — about `rate × predicted TTFT` of them.
-//! A placement that re-prefills a long history on a busy pool makes those
-//! requests wait; one that reuses the history does not. The count leaves out requests
-//! arriving after the first token while the queue it lengthened drains, so the charge is a
-//! lower bound of the total delay (exact as load goes to zero, an underestimate near
-//! saturation).
-//! Invariants: the rate is 0 until two requests were seen, finite, and never negative; the
-//! externality is 0 when the request adds no prefill, and grows with the prefill, the rate
-//! and the time it stays ahead.
+//! gone quiet for longer than its mean gap is credited with the quiet time instead);
+//! [`ColdShare`], the share of the fleet's prompt work that is placed uncached; and the two
+//! externalities the cost model can add to a candidate:
+//! - [`delay_to_others_ms`]: an engine schedules waiting requests first come, first served
+//!   (vLLM's scheduler: running requests, then the waiting queue in order), so a request's own
+//!   prefill delays every request that reaches the same worker before its first token — about
+//!   `rate × predicted TTFT` of them. A placement that re-prefills a long history on a busy
+//!   pool makes those requests wait; one that reuses the history does not. The count leaves
+//!   out requests arriving after the first token while the queue it lengthened drains, so the
+//!   charge is a lower bound of the total delay (exact as load goes to zero, an underestimate
+//!   near saturation).
+//! - [`next_arrivals_ms`]: a request with no cached prefix anywhere goes where it waits least,
+//!   so the requests reaching the fleet while its least-loaded worker drains each wait what is
+//!   left of that worker's queue: `λ·m²/2` in all, λ the fleet's rate and `m` the smallest
+//!   wait. A placement on that worker raises `m`; one anywhere else leaves it. Long prompts
+//!   are then charged for taking the last idle worker from the short ones behind them, short
+//!   ones hardly at all (their own work is small). A request whose prompt is cached goes to
+//!   its holder, not where the wait is least, so λ counts each request by the share of its
+//!   prompt placed uncached ([`ColdShare`]).
+//!
+//! Invariants: the rate is 0 until two requests were seen, finite, and never negative; both
+//! externalities are 0 when the request adds no prefill, never negative, finite, and grow with
+//! the prefill and the rate.
 //! Must not: read the index or workers; it sees decision times and numbers the caller
 //! computed.
 
@@ -31,6 +41,34 @@ struct Inner {
     last: Option<Instant>,
     /// Weighted mean gap between requests (ms); `None` until the second request.
     gap_ms: Option<f64>,
+}
+
+/// The share of each routed request's prompt that its worker had to prefill (the expected
+/// uncached tokens where it went, over its prompt), as an exponentially weighted mean over
+/// the fleet's requests (weight [`GAP_WEIGHT`]); 1 until the first request.
+#[derive(Debug, Default)]
+pub struct ColdShare {
+    mean: Mutex<Option<f64>>,
+}
+
+impl ColdShare {
+    /// Records a request of `prompt` tokens placed with `uncached` of them to prefill (an empty
+    /// prompt teaches nothing).
+    pub fn observe(&self, uncached: u64, prompt: u64) {
+        if prompt == 0 {
+            return;
+        }
+        let x = uncached.min(prompt) as f64 / prompt as f64;
+        let mut m = self.mean.lock();
+        *m = Some(match *m {
+            Some(v) => v + GAP_WEIGHT * (x - v),
+            None => x,
+        });
+    }
+
+    pub fn share(&self) -> f64 {
+        self.mean.lock().unwrap_or(1.0)
+    }
 }
 
 /// One worker's request rate.
@@ -75,6 +113,35 @@ pub fn delay_to_others_ms(own_ms: f64, per_ms: f64, ttft_ms: f64) -> f64 {
     let x = own_ms.max(0.0) * per_ms.max(0.0) * ttft_ms.max(0.0);
     if x.is_finite() {
         x
+    } else {
+        0.0
+    }
+}
+
+/// The wait a placement adds to the requests that reach the fleet (`per_ms` requests per
+/// millisecond, all workers together) while its least-loaded worker drains, if each of them
+/// goes where it waits least and brings no work of its own: `per_ms · (m'² − m²) / 2`, where
+/// `m` is the smallest of `waits` (each worker's wait now, ms) and `m'` the smallest once
+/// worker `at` has `own_ms` more. 0 where the placement leaves the smallest wait as it is.
+/// A wait that is not a finite number counts as no worker.
+pub fn next_arrivals_ms(waits: &[f64], at: usize, own_ms: f64, per_ms: f64) -> f64 {
+    let own = if own_ms.is_finite() {
+        own_ms.max(0.0)
+    } else {
+        0.0
+    };
+    let (mut before, mut after) = (f64::INFINITY, f64::INFINITY);
+    for (i, w) in waits.iter().enumerate() {
+        if !w.is_finite() {
+            continue;
+        }
+        let w = w.max(0.0);
+        before = before.min(w);
+        after = after.min(if i == at { w + own } else { w });
+    }
+    let x = per_ms.max(0.0) * (after * after - before * before) / 2.0;
+    if x.is_finite() {
+        x.max(0.0)
     } else {
         0.0
     }
@@ -138,7 +205,88 @@ mod tests {
         assert_eq!(delay_to_others_ms(f64::INFINITY, 1.0, 1.0), 0.0);
     }
 
+    /// The literal model: the next arrivals' total wait, `per_ms · ∫ min_i (waits_i − t)⁺ dt`,
+    /// summed in steps of `h` ms (the midpoint of each step).
+    fn waiting_of_the_next_arrivals(waits: &[f64], per_ms: f64, h: f64) -> f64 {
+        let end = waits.iter().cloned().fold(0.0, f64::max);
+        let mut total = 0.0;
+        let mut t = h / 2.0;
+        while t < end {
+            let least = waits
+                .iter()
+                .map(|w| (w - t).max(0.0))
+                .fold(f64::INFINITY, f64::min);
+            total += per_ms * least * h;
+            t += h;
+        }
+        total
+    }
+
+    #[test]
+    fn the_cold_share_is_the_weighted_mean_of_each_requests_uncached_share() {
+        let c = ColdShare::default();
+        assert_eq!(c.share(), 1.0, "before any request every arrival counts");
+        c.observe(0, 0);
+        assert_eq!(c.share(), 1.0, "an empty prompt teaches nothing");
+        c.observe(250, 1000);
+        assert_eq!(c.share(), 0.25);
+        c.observe(2000, 1000);
+        assert!(
+            (c.share() - (0.25 + GAP_WEIGHT * 0.75)).abs() < 1e-12,
+            "capped at 1"
+        );
+        for _ in 0..2000 {
+            c.observe(0, 100);
+        }
+        assert!(
+            c.share() < 1e-9,
+            "a fully cached stream goes to 0: {}",
+            c.share()
+        );
+    }
+
+    #[test]
+    fn taking_the_last_idle_worker_charges_the_arrivals_that_would_have_used_it() {
+        // Three workers busy for 300, 400 and 500 ms, one idle; 10 requests a second.
+        let waits = [300.0, 400.0, 500.0, 0.0];
+        // 570 ms of prefill on the idle worker: the next arrivals now find at best 300 ms
+        // left, 0.01 · 300² / 2 = 450 ms of waiting in all.
+        assert!((next_arrivals_ms(&waits, 3, 570.0, 0.01) - 450.0).abs() < 1e-9);
+        // On a busy worker it leaves the idle one to them.
+        assert_eq!(next_arrivals_ms(&waits, 0, 570.0, 0.01), 0.0);
+        // A 5 ms prompt on the idle worker costs them 0.01 · 25 / 2.
+        assert!((next_arrivals_ms(&waits, 3, 5.0, 0.01) - 0.125).abs() < 1e-12);
+        // Nobody arriving, no prefill, or no worker: no charge.
+        assert_eq!(next_arrivals_ms(&waits, 3, 570.0, 0.0), 0.0);
+        assert_eq!(next_arrivals_ms(&waits, 3, 0.0, 0.01), 0.0);
+        assert_eq!(next_arrivals_ms(&[], 0, 570.0, 0.01), 0.0);
+        // A wait that is not a number is no worker: the one left is the least loaded.
+        assert!((next_arrivals_ms(&[f64::NAN, 0.0], 1, 10.0, 0.01) - 0.5).abs() < 1e-12);
+        assert_eq!(next_arrivals_ms(&waits, 3, f64::INFINITY, 0.01), 0.0);
+    }
+
     proptest! {
+        #[test]
+        fn the_next_arrivals_charge_equals_the_literal_waiting_it_adds(
+            waits in proptest::collection::vec(0.0f64..1000.0, 1..6),
+            pick in 0usize..6, own in 0.0f64..1000.0, per_ms in 0.0f64..0.05,
+        ) {
+            let at = pick % waits.len();
+            let mut after = waits.clone();
+            after[at] += own;
+            let h = 0.5;
+            let want = waiting_of_the_next_arrivals(&after, per_ms, h)
+                - waiting_of_the_next_arrivals(&waits, per_ms, h);
+            let got = next_arrivals_ms(&waits, at, own, per_ms);
+            // The integrand is linear but where the least wait runs out: the midpoint sum is
+            // off by at most per_ms · h² / 8 there, in each of the two sums.
+            let tolerance = per_ms * h * h / 4.0 + 1e-9;
+            prop_assert!((got - want).abs() <= tolerance, "{got} vs {want}");
+            prop_assert!(got >= 0.0 && got.is_finite());
+            prop_assert!(next_arrivals_ms(&waits, at, own + 10.0, per_ms) >= got);
+            prop_assert!(next_arrivals_ms(&waits, at, own, per_ms * 2.0) >= got);
+        }
+
         #[test]
         fn the_delay_grows_with_the_prefill_the_rate_and_the_time_ahead(
             own in 0.0f64..1e4, rate in 0.0f64..1.0, ttft in 0.0f64..1e4, more in 0.0f64..1e3,

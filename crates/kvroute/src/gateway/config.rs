@@ -504,6 +504,13 @@ pub struct PolicyWeights {
     /// worse (docs/routing.md, "The eviction charge").
     #[serde(default)]
     pub eviction: bool,
+    /// Cost model `ttft`: add, for each candidate, the wait a placement there adds to the
+    /// requests reaching the fleet while its least-loaded worker drains, each going where it
+    /// waits least ([`super::arrivals::next_arrivals_ms`]): a long prompt pays for taking the
+    /// last idle worker from the short ones behind it. Off by default (docs/routing.md, "The
+    /// next arrivals' wait").
+    #[serde(default)]
+    pub next_arrivals: bool,
     /// The prefill queued on a worker is its bookings less what the engine has worked off
     /// since, at the worker's learned prefill rate ([`super::registry::Worker::queued_tokens`]).
     /// `false` counts every booking whole until its first byte.
@@ -594,6 +601,7 @@ impl Default for PolicyWeights {
             decode_interference: default_later_turns(),
             prefill_stall: PrefillStall::default(),
             eviction: false,
+            next_arrivals: false,
             queue_drain: default_later_turns(),
             cpu_load_us_per_token: default_cpu_load_us_per_token(),
         }

@@ -8,7 +8,7 @@
 //! is the best of its DP ranks (the engine's own balancer picks the rank).
 //! Must not: send anything upstream.
 
-use super::arrivals::delay_to_others_ms;
+use super::arrivals::{delay_to_others_ms, next_arrivals_ms};
 use super::config::{CostModel, PolicyWeights, PrefillStall};
 use super::conversations::conversation_cost_ms;
 use super::decoding::{decode_interference_ms, prefill_stall_ms};
@@ -256,7 +256,7 @@ pub fn decide_with<'a>(
     };
     // What the requests running there have left is spread up to the fleet's mean answer.
     let mean_output = registry.output_tokens.mean().unwrap_or(output_tokens);
-    let cands: Vec<Candidate> = workers
+    let mut cands: Vec<Candidate> = workers
         .iter()
         .map(|w| {
             let name = w.spec.name.as_str();
@@ -366,6 +366,7 @@ pub fn decide_with<'a>(
                 decode_interference_ms,
                 prefill_stall_ms,
                 eviction_ms,
+                next_arrivals_ms: 0.0,
                 own_prefill_ms: own_ms,
                 live_conversations: live,
                 load_delay_ms,
@@ -376,6 +377,9 @@ pub fn decide_with<'a>(
             }
         })
         .collect();
+    if policy.uses_cache() {
+        price_next_arrivals(&mut cands, registry, workers, now);
+    }
     let ranked = rank(policy, cands, weights, rr);
     let order: Vec<Arc<Worker>> = ranked
         .iter()
@@ -425,6 +429,10 @@ pub fn record_placement(
     moved: bool,
 ) {
     chosen.arrivals.observe(std::time::Instant::now());
+    registry.cold.observe(
+        cand.expected_uncached(),
+        cand.predicted_cached + cand.uncached,
+    );
     if let Some(gap) = gap {
         registry.turns.observe_gap(gap);
         registry.turns.observe_prefill(cand.own_prefill_ms);
@@ -449,6 +457,25 @@ fn load_delay_ms(registry: &Registry, w: &Worker, work: &Work) -> (f64, f64) {
     let (busy, _) = w.ttft.predict(&registry.fleet_ttft, &loaded);
     let (idle, _) = w.ttft.predict(&registry.fleet_ttft, &Work::default());
     ((busy - idle).max(0.0), busy)
+}
+
+/// Each candidate's [`next_arrivals_ms`]: the fleet's request rate (every worker's together)
+/// times the share of prompt work placed uncached (the requests that go where the wait is
+/// least), each worker's wait for its load now (`load_delay_ms`), and the work this request
+/// adds to its queue there (its own prefill; a tier's load is a transfer beside the steps).
+fn price_next_arrivals(
+    cands: &mut [Candidate],
+    registry: &Registry,
+    workers: &[Arc<Worker>],
+    now: std::time::Instant,
+) {
+    let rate: f64 = workers.iter().map(|w| w.arrivals.per_ms(now)).sum();
+    let per_ms = rate * registry.cold.share();
+    let waits: Vec<f64> = cands.iter().map(|c| c.load_delay_ms).collect();
+    for (i, c) in cands.iter_mut().enumerate() {
+        let own = (c.own_prefill_ms - c.tier_load_ms).max(0.0);
+        c.next_arrivals_ms = next_arrivals_ms(&waits, i, own, per_ms);
+    }
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -973,6 +1000,64 @@ mod tests {
         assert_eq!(d.candidates[0].expected_uncached(), 240 - 128);
         // Group-blind, like other routers, sees only what is stored.
         assert_eq!(run(PolicyKind::GroupBlind).worker, "a");
+    }
+
+    #[test]
+    fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_short_ones() {
+        let (registry, workers) = fleet(&["a", "b", "c", "d"]);
+        // "a", "b" and "c" are prefilling 3,000, 4,000 and 5,000 tokens; "d" is idle. Requests
+        // have been reaching every worker every 20 ms (the fleet: one every 5 ms).
+        let _busy: Vec<LoadGuard> = [3000, 4000, 5000]
+            .iter()
+            .zip(&workers)
+            .map(|(tokens, w)| LoadGuard::new(w.clone(), *tokens))
+            .collect();
+        let now = std::time::Instant::now();
+        for w in &workers {
+            for i in (0..=64u64).rev() {
+                if let Some(t) = now.checked_sub(std::time::Duration::from_millis(20 * i)) {
+                    w.arrivals.observe(t);
+                }
+            }
+        }
+        // The bookings count whole, and the other requests' delay is left out: this isolates
+        // the charge.
+        let base = PolicyWeights {
+            queue_drain: false,
+            delay_to_others: false,
+            ..PolicyWeights::default()
+        };
+        let charged = PolicyWeights {
+            next_arrivals: true,
+            ..base.clone()
+        };
+        let long: Vec<u32> = (1..=2000).collect();
+        let short: Vec<u32> = (1..=16).collect();
+        let d = weighed_decision(&registry, &workers, &long, false, None, &base);
+        assert_eq!(
+            d.worker, "d",
+            "by its own TTFT the long prompt takes the idle worker"
+        );
+        // The charge is shown either way, and only the idle worker's placement has one.
+        let idle = candidate(&d, "d");
+        assert!(idle.next_arrivals_ms > 0.0, "{idle:?}");
+        for w in ["a", "b", "c"] {
+            assert_eq!(candidate(&d, w).next_arrivals_ms, 0.0);
+        }
+        // At most what the arrivals would wait if the idle worker were as busy as "a"
+        // (0.2 requests a ms · m'² / 2, m' at most the long prompt's own prefill).
+        let own = idle.own_prefill_ms;
+        assert!(
+            idle.next_arrivals_ms <= 0.2 * own * own / 2.0 * 1.01,
+            "{idle:?}"
+        );
+        let d = weighed_decision(&registry, &workers, &long, false, None, &charged);
+        assert_eq!(
+            d.worker, "a",
+            "charged, it queues behind the shortest queue"
+        );
+        let d = weighed_decision(&registry, &workers, &short, false, None, &charged);
+        assert_eq!(d.worker, "d", "a short prompt still takes the idle worker");
     }
 
     #[test]

@@ -118,6 +118,11 @@ pub struct Candidate {
     /// of the worker's pool (ms; [`super::eviction`]; 0 with `weights.eviction = false`).
     #[serde(skip_serializing_if = "is_zero_f")]
     pub eviction_ms: f64,
+    /// The wait a placement here adds to the requests reaching the fleet while its
+    /// least-loaded worker drains (ms; [`super::arrivals::next_arrivals_ms`]; charged only with
+    /// `weights.next_arrivals`).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub next_arrivals_ms: f64,
     /// The wait this worker's load adds to a request sent there now (ms).
     pub load_delay_ms: f64,
     /// What the prediction was made from.
@@ -127,7 +132,8 @@ pub struct Candidate {
     #[serde(skip)]
     pub ms_per_token: f64,
     /// Cache policies: `predicted_ttft_ms` plus the enabled charges above (later turns, delay
-    /// to others, decode interference, prefill stall, eviction) `− μ·junction·ms_per_token`
+    /// to others, decode interference, prefill stall, eviction, next arrivals)
+    /// `− μ·junction·ms_per_token`
     /// (cost model `ttft`), or
     /// `expected_uncached + λ·load − μ·junction` tokens (cost model `tokens`); `load`
     /// (least-load); position (round-robin).
@@ -211,6 +217,11 @@ pub fn rank(
                         } else {
                             0.0
                         };
+                        let next = if weights.next_arrivals {
+                            c.next_arrivals_ms
+                        } else {
+                            0.0
+                        };
                         // `decide` leaves the stall at 0 under `weights.prefill_stall = "off"`,
                         // and the eviction charge under `weights.eviction = false`.
                         c.predicted_ttft_ms
@@ -219,6 +230,7 @@ pub fn rank(
                             + decode
                             + c.prefill_stall_ms
                             + c.eviction_ms
+                            + next
                             - weights.junction * c.junction as f64 * c.ms_per_token
                     }
                     CostModel::Tokens => {
@@ -258,6 +270,7 @@ mod tests {
             decode_interference_ms: 0.0,
             prefill_stall_ms: 0.0,
             eviction_ms: 0.0,
+            next_arrivals_ms: 0.0,
             own_prefill_ms: 0.0,
             live_conversations: 0.0,
             load_delay_ms: 0.0,
