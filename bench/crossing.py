@@ -28,7 +28,7 @@ import json
 import pathlib
 import sys
 
-PEERS = ("smg-cache", "vr-cache", "vr-kv")
+from paired import PEERS  # the peers bench/peers.sh runs (this script's directory)
 
 
 def load(path):

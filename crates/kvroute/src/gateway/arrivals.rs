@@ -43,6 +43,15 @@ struct Inner {
     gap_ms: Option<f64>,
 }
 
+/// One step of the exponentially weighted mean (weight [`GAP_WEIGHT`]); the first value
+/// starts it.
+fn weighted(mean: Option<f64>, x: f64) -> f64 {
+    match mean {
+        Some(m) => m + GAP_WEIGHT * (x - m),
+        None => x,
+    }
+}
+
 /// The share of each routed request's prompt that its worker had to prefill (the expected
 /// uncached tokens where it went, over its prompt), as an exponentially weighted mean over
 /// the fleet's requests (weight [`GAP_WEIGHT`]); 1 until the first request.
@@ -60,10 +69,7 @@ impl ColdShare {
         }
         let x = uncached.min(prompt) as f64 / prompt as f64;
         let mut m = self.mean.lock();
-        *m = Some(match *m {
-            Some(v) => v + GAP_WEIGHT * (x - v),
-            None => x,
-        });
+        *m = Some(weighted(*m, x));
     }
 
     pub fn share(&self) -> f64 {
@@ -83,10 +89,7 @@ impl Arrivals {
         let mut g = self.inner.lock();
         if let Some(last) = g.last {
             let gap = now.saturating_duration_since(last).as_secs_f64() * 1e3;
-            g.gap_ms = Some(match g.gap_ms {
-                Some(m) => m + GAP_WEIGHT * (gap - m),
-                None => gap,
-            });
+            g.gap_ms = Some(weighted(g.gap_ms, gap));
         }
         g.last = Some(now.max(g.last.unwrap_or(now)));
     }

@@ -377,7 +377,7 @@ pub fn decide_with<'a>(
             }
         })
         .collect();
-    if policy.uses_cache() {
+    if policy.uses_cache() && weights.next_arrivals {
         price_next_arrivals(&mut cands, registry, workers, now);
     }
     let ranked = rank(policy, cands, weights, rr);
@@ -1038,23 +1038,38 @@ mod tests {
             d.worker, "d",
             "by its own TTFT the long prompt takes the idle worker"
         );
-        // The charge is shown either way, and only the idle worker's placement has one.
-        let idle = candidate(&d, "d");
-        assert!(idle.next_arrivals_ms > 0.0, "{idle:?}");
-        for w in ["a", "b", "c"] {
-            assert_eq!(candidate(&d, w).next_arrivals_ms, 0.0);
-        }
-        // At most what the arrivals would wait if the idle worker were as busy as "a"
-        // (0.2 requests a ms · m'² / 2, m' at most the long prompt's own prefill).
-        let own = idle.own_prefill_ms;
-        assert!(
-            idle.next_arrivals_ms <= 0.2 * own * own / 2.0 * 1.01,
-            "{idle:?}"
-        );
+        // Off, the charge is not computed.
+        assert!(d.candidates.iter().all(|c| c.next_arrivals_ms == 0.0));
         let d = weighed_decision(&registry, &workers, &long, false, None, &charged);
         assert_eq!(
             d.worker, "a",
             "charged, it queues behind the shortest queue"
+        );
+        // Only the idle worker's placement has a charge, and it is the candidates' own waits
+        // through `next_arrivals_ms` at the fleet's rate (0.2 requests a ms while the last
+        // arrival is under 20 ms old; lower after, never lower than the rate read now).
+        let idle = candidate(&d, "d");
+        for w in ["a", "b", "c"] {
+            assert_eq!(candidate(&d, w).next_arrivals_ms, 0.0);
+        }
+        let waits: Vec<f64> = d.candidates.iter().map(|c| c.load_delay_ms).collect();
+        let at = d
+            .candidates
+            .iter()
+            .position(|c| c.worker == "d")
+            .expect("candidate d");
+        let rate_now: f64 = workers
+            .iter()
+            .map(|w| w.arrivals.per_ms(std::time::Instant::now()))
+            .sum();
+        let lo = next_arrivals_ms(&waits, at, idle.own_prefill_ms, rate_now);
+        let hi = next_arrivals_ms(&waits, at, idle.own_prefill_ms, 0.2);
+        assert!(lo > 0.0, "{idle:?}");
+        assert!(
+            lo * (1.0 - 1e-9) <= idle.next_arrivals_ms
+                && idle.next_arrivals_ms <= hi * (1.0 + 1e-9),
+            "{lo} <= {} <= {hi}",
+            idle.next_arrivals_ms
         );
         let d = weighed_decision(&registry, &workers, &short, false, None, &charged);
         assert_eq!(d.worker, "d", "a short prompt still takes the idle worker");

@@ -119,8 +119,8 @@ pub struct Candidate {
     #[serde(skip_serializing_if = "is_zero_f")]
     pub eviction_ms: f64,
     /// The wait a placement here adds to the requests reaching the fleet while its
-    /// least-loaded worker drains (ms; [`super::arrivals::next_arrivals_ms`]; charged only with
-    /// `weights.next_arrivals`).
+    /// least-loaded worker drains (ms; [`super::arrivals::next_arrivals_ms`]; computed and
+    /// charged only with `weights.next_arrivals`, else 0).
     #[serde(skip_serializing_if = "is_zero_f")]
     pub next_arrivals_ms: f64,
     /// The wait this worker's load adds to a request sent there now (ms).
