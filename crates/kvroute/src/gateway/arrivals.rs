@@ -4,7 +4,8 @@
 //! Owns: [`Arrivals`], a worker's request rate (an exponentially weighted mean of the gaps
 //! between the requests routed to it, on the gateway's monotonic clock; a worker that has
 //! gone quiet for longer than its mean gap is credited with the quiet time instead);
-//! [`ColdShare`], the share of the fleet's prompt work that is placed uncached; and the two
+//! [`LeastLoadedShare`], the share of the fleet's requests that went to the worker whose load
+//! made them wait least; and the two
 //! externalities the cost model can add to a candidate:
 //! - [`delay_to_others_ms`]: an engine schedules waiting requests first come, first served
 //!   (vLLM's scheduler: running requests, then the waiting queue in order), so a request's own
@@ -19,9 +20,12 @@
 //!   left of that worker's queue: `λ·m²/2` in all, λ the fleet's rate and `m` the smallest
 //!   wait. A placement on that worker raises `m`; one anywhere else leaves it. Long prompts
 //!   are then charged for taking the last idle worker from the short ones behind them, short
-//!   ones hardly at all (their own work is small). A request whose prompt is cached goes to
-//!   its holder, not where the wait is least, so λ counts each request by the share of its
-//!   prompt placed uncached ([`ColdShare`]).
+//!   ones hardly at all (their own work is small). Not every request goes where the wait is
+//!   least (a cached prompt goes to its holder; a charged long prompt queues elsewhere), so λ
+//!   is the fleet's rate times the share that did ([`LeastLoadedShare`]). Only the arrivals
+//!   after the next one make the charge worth paying: counting the next one alone, the charge
+//!   is at most `m' − m`, no more than the placement elsewhere costs the request itself, and
+//!   would never move it.
 //!
 //! Invariants: the rate is 0 until two requests were seen, finite, and never negative; both
 //! externalities are 0 when the request adds no prefill, never negative, finite, and grow with
@@ -52,22 +56,19 @@ fn weighted(mean: Option<f64>, x: f64) -> f64 {
     }
 }
 
-/// The share of each routed request's prompt that its worker had to prefill (the expected
-/// uncached tokens where it went, over its prompt), as an exponentially weighted mean over
-/// the fleet's requests (weight [`GAP_WEIGHT`]); 1 until the first request.
+/// The share of routed requests that went to a worker whose load made them wait least (no
+/// candidate's load wait below the chosen one's), as an exponentially weighted mean over the
+/// fleet's requests (weight [`GAP_WEIGHT`]); 1 until the first request.
 #[derive(Debug, Default)]
-pub struct ColdShare {
+pub struct LeastLoadedShare {
     mean: Mutex<Option<f64>>,
 }
 
-impl ColdShare {
-    /// Records a request of `prompt` tokens placed with `uncached` of them to prefill (an empty
-    /// prompt teaches nothing).
-    pub fn observe(&self, uncached: u64, prompt: u64) {
-        if prompt == 0 {
-            return;
-        }
-        let x = uncached.min(prompt) as f64 / prompt as f64;
+impl LeastLoadedShare {
+    /// Records a request that went to the worker whose load adds `chosen_ms` of wait, where
+    /// the least any candidate's load added was `least_ms`.
+    pub fn observe(&self, chosen_ms: f64, least_ms: f64) {
+        let x = if chosen_ms <= least_ms { 1.0 } else { 0.0 };
         let mut m = self.mean.lock();
         *m = Some(weighted(*m, x));
     }
@@ -226,26 +227,26 @@ mod tests {
     }
 
     #[test]
-    fn the_cold_share_is_the_weighted_mean_of_each_requests_uncached_share() {
-        let c = ColdShare::default();
+    fn the_least_loaded_share_is_the_weighted_mean_of_requests_that_took_the_least_wait() {
+        let c = LeastLoadedShare::default();
         assert_eq!(c.share(), 1.0, "before any request every arrival counts");
-        c.observe(0, 0);
-        assert_eq!(c.share(), 1.0, "an empty prompt teaches nothing");
-        c.observe(250, 1000);
-        assert_eq!(c.share(), 0.25);
-        c.observe(2000, 1000);
+        c.observe(0.0, 0.0);
+        assert_eq!(c.share(), 1.0, "a tie for the least wait is the least wait");
+        c.observe(120.0, 40.0);
+        assert!((c.share() - (1.0 - GAP_WEIGHT)).abs() < 1e-12);
+        c.observe(f64::NAN, 0.0);
         assert!(
-            (c.share() - (0.25 + GAP_WEIGHT * 0.75)).abs() < 1e-12,
-            "capped at 1"
+            (c.share() - (1.0 - GAP_WEIGHT) * (1.0 - GAP_WEIGHT)).abs() < 1e-12,
+            "a wait that is not a number is not the least"
         );
         for _ in 0..2000 {
-            c.observe(0, 100);
+            c.observe(50.0, 10.0);
         }
-        assert!(
-            c.share() < 1e-9,
-            "a fully cached stream goes to 0: {}",
-            c.share()
-        );
+        assert!(c.share() < 1e-9, "{}", c.share());
+        for _ in 0..2000 {
+            c.observe(10.0, 10.0);
+        }
+        assert!(c.share() > 1.0 - 1e-9, "{}", c.share());
     }
 
     #[test]

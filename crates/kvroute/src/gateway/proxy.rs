@@ -279,8 +279,14 @@ async fn route(
             .inc_by(forgone);
     }
     if policy.uses_cache() {
-        if let (Some(w), Some(c)) = (ranked.order.first(), ranked.decision.candidates.first()) {
-            record_placement(&st.registry, w, c, turn_gap, forgone > 0);
+        if let Some(w) = ranked.order.first() {
+            record_placement(
+                &st.registry,
+                w,
+                &ranked.decision.candidates,
+                turn_gap,
+                forgone > 0,
+            );
         }
     }
 

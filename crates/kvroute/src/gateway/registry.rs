@@ -13,7 +13,7 @@
 //! given, and goes only to workers serving the adapter from that path.
 //! Must not: choose workers (policy does) or proxy requests.
 
-use super::arrivals::{Arrivals, ColdShare};
+use super::arrivals::{Arrivals, LeastLoadedShare};
 use super::config::WorkerSpec;
 use super::conversations::{Live, TurnStats};
 use super::decoding::{DecodeModel, OutputTokens};
@@ -447,8 +447,8 @@ pub struct Registry {
     pub follow_ups: FollowUps,
     /// The fleet's turn cycle and follow-up prefill (the conversation charge).
     pub turns: TurnStats,
-    /// The share of the prompt work placed uncached (the next arrivals' charge).
-    pub cold: ColdShare,
+    /// The share of requests that went where their wait was least (the next arrivals' charge).
+    pub least_loaded: LeastLoadedShare,
     pub wire_stats: Arc<WireStats>,
 }
 
@@ -462,7 +462,7 @@ impl Registry {
             output_tokens: OutputTokens::default(),
             follow_ups: FollowUps::default(),
             turns: TurnStats::default(),
-            cold: ColdShare::default(),
+            least_loaded: LeastLoadedShare::default(),
             wire_stats: Arc::new(WireStats::new()),
         }
     }
