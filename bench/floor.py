@@ -10,8 +10,9 @@ for a step in progress, no queue and no decode batched beside it. Every request'
 is at least the floor at the tokens its engine really reused (the script checks that on every
 logged request and reports the exceptions), and the reuse of any router is at most the
 oracle's, so the p50 (p99) of the floors is a lower bound of any router's p50 (p99) on the same
-requests. Per cell: the best peer's TTFT p50 and p99 (the mean over its runs), the floor's, and
-the most any router could cut the best peer's figure, `1 − floor / best peer`.
+requests. Per cell: the best peer's TTFT p50 and p99 (each the lowest of the peers' figures,
+each peer's the mean over its runs, so p50 and p99 may come from different peers), the
+floor's, and the most any router could cut the best peer's figure, `1 − floor / best peer`.
 """
 import collections
 import json

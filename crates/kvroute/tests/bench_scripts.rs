@@ -1,11 +1,11 @@
 //! The analysis scripts under `bench/` whose figures `docs/routing.md` quotes (`matrix.py`,
-//! `paired.py`, `crossing.py`, `floor.py`, `prederr.py`, `tails.py`), each run with python3 over
-//! a few files written into a scratch directory the way `bench/peers.sh` and `kvroute bench
-//! --requests-log` write them (`CELL.ROUTER.RUN.json`, `.requests.jsonl`, `.metrics.prom`,
-//! `.workers.json`): every figure a script prints equals one computed by hand from round inputs,
-//! and what each script's docstring promises (percentile ranks `int(p/100 · n)`, failures left
-//! out, the first run of each router, the crossers) holds. The scripts use Python's standard
-//! library only; python3 must be installed (see `.ci/run`).
+//! `paired.py`, `means.py`, `crossing.py`, `floor.py`, `prederr.py`, `tails.py`), each run with
+//! python3 over a few files written into a scratch directory the way `bench/peers.sh` and
+//! `kvroute bench --requests-log` write them (`CELL.ROUTER.RUN.json`, `.requests.jsonl`,
+//! `.metrics.prom`, `.workers.json`): every figure a script prints equals one computed by hand
+//! from round inputs, and what each script's docstring promises (percentile ranks
+//! `int(p/100 · n)`, failures left out, the first run of each router, the crossers) holds. The
+//! scripts use Python's standard library only; python3 must be installed (see `.ci/run`).
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -239,6 +239,44 @@ fn paired_ab_compares_each_run_of_one_router_in_two_directories_by_end_to_end_la
     assert_eq!(
         last,
         "| tiny.llama.tight.low | 1 | 4 | 1.00 | +0.0 | 0 | 0 |"
+    );
+}
+
+#[test]
+fn means_sets_each_runs_mean_ttft_against_the_other_whole_and_by_prompt_length() {
+    let (a, b) = (Scratch::new("means-a"), Scratch::new("means-b"));
+    // Requests 0–9 have prompts of 100–1,000 tokens. A: 1, 2, …, 10 s; B: 3 4 3 4 5 6 7 6 7
+    // 8 s. Means 5.5 and 5.3 s, 1.038; prompts under 300 tokens (0, 1): 1.5 against 3.5 s,
+    // 4 s less in all; of 800 or more (7–9): 9 against 7 s, 6 s more.
+    let a_ms = (1..=10).map(|s| 1000.0 * s as f64);
+    let b_ms = [3.0, 4.0, 3.0, 4.0, 5.0, 6.0, 7.0, 6.0, 7.0, 8.0].map(|s| 1000.0 * s);
+    let mut a_log = served(a_ms);
+    let mut b_log = served(b_ms);
+    // A failure in A and an unmeasured request in B (both 1,100-token prompts) count nowhere.
+    a_log.push(with(req(10, Some(1.0)), json!({ "failure": "status 500" })));
+    b_log.push(req(10, None));
+    a.log("kvroute-hybrid.1", &a_log);
+    b.log("kvroute-hybrid.1", &b_log);
+    // A run B lacks, and another router's run, are not compared.
+    a.log("kvroute-hybrid.2", &served([1.0]));
+    a.log("smg-cache.1", &served([1.0]));
+    b.log("smg-cache.1", &served([9.0]));
+
+    let args = ["--short", "300", "--long", "800", &a.path(), &b.path()];
+    let out = python("means.py", &args);
+    let want = [
+        "| cell | run | mean TTFT A / B ms | A / B | prompts < 300: n · mean A / B ms · sum A − B s | prompts ≥ 800: n · mean A / B ms · sum A − B s |",
+        "|---|---|---|---|---|---|",
+        "| tiny.llama.tight.low | 1 | 5500.0 / 5300.0 | 1.038 | 2 · 1500 / 3500 · -4.0 | 3 · 9000 / 7000 · +6.0 |",
+    ];
+    assert_eq!(out.lines().collect::<Vec<_>>(), want);
+    // By default short is under 1,000 tokens (requests 0–8, 5 s on average under both) and
+    // long 8,000 or more (none here).
+    let out = python("means.py", &[&a.path(), &b.path()]);
+    let last = out.lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        "| tiny.llama.tight.low | 1 | 5500.0 / 5300.0 | 1.038 | 9 · 5000 / 5000 · +0.0 | 0 · – · – |"
     );
 }
 

@@ -432,6 +432,10 @@ pub fn record_placement(
     let Some(cand) = ranked.first() else {
         return;
     };
+    debug_assert_eq!(
+        cand.worker, chosen.spec.name,
+        "the chosen candidate comes first"
+    );
     chosen.arrivals.observe(std::time::Instant::now());
     let least = ranked
         .iter()
@@ -465,8 +469,9 @@ fn load_delay_ms(registry: &Registry, w: &Worker, work: &Work) -> (f64, f64) {
 }
 
 /// Each candidate's [`next_arrivals_ms`]: the fleet's request rate (every worker's together)
-/// times the share of requests that went where their wait was least, each worker's wait for its load now (`load_delay_ms`), and the work this request
-/// adds to its queue there (its own prefill; a tier's load is a transfer beside the steps).
+/// times the share of requests that went where their wait was least, each worker's wait for
+/// its load now (`load_delay_ms`), and the work this request adds to its queue there (its own
+/// prefill; a tier's load is a transfer beside the steps).
 fn price_next_arrivals(
     cands: &mut [Candidate],
     registry: &Registry,
