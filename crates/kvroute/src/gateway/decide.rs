@@ -417,31 +417,18 @@ pub fn decide_with<'a>(
     }
 }
 
-/// Records where a request went (`ranked`, the chosen candidate first): for the next arrivals'
-/// charge, the worker's request rate and whether its load was the least; for the conversation
-/// charge, a follow-up teaches the turn cycle (`gap`, the time since its previous turn) and its
-/// prefill there; a new conversation, or a follow-up moved off the worker holding its history
+/// Records where a request went: the chosen worker's request rate; for the conversation charge,
+/// a follow-up teaches the turn cycle (`gap`, the time since its previous turn) and its prefill
+/// there; a new conversation, or a follow-up moved off the worker holding its history
 /// (`moved`), lives on the chosen worker from now.
 pub fn record_placement(
     registry: &Registry,
     chosen: &Worker,
-    ranked: &[Candidate],
+    cand: &Candidate,
     gap: Option<std::time::Duration>,
     moved: bool,
 ) {
-    let Some(cand) = ranked.first() else {
-        return;
-    };
-    debug_assert_eq!(
-        cand.worker, chosen.spec.name,
-        "the chosen candidate comes first"
-    );
     chosen.arrivals.observe(std::time::Instant::now());
-    let least = ranked
-        .iter()
-        .map(|c| c.load_delay_ms)
-        .fold(f64::INFINITY, f64::min);
-    registry.least_loaded.observe(cand.load_delay_ms, least);
     if let Some(gap) = gap {
         registry.turns.observe_gap(gap);
         registry.turns.observe_prefill(cand.own_prefill_ms);
@@ -452,6 +439,20 @@ pub fn record_placement(
             chosen.live.add(std::time::Instant::now(), k * cycle);
         }
     }
+}
+
+/// Records, for the next arrivals' charge, whether a request went where its wait was least:
+/// the chosen candidate (`ranked`'s first) had no candidate's load wait below its own. Called
+/// only while the charge is on, so a request pays for no bookkeeping nobody reads.
+pub fn record_least_loaded(registry: &Registry, ranked: &[Candidate]) {
+    let Some(chosen) = ranked.first() else {
+        return;
+    };
+    let least = ranked
+        .iter()
+        .map(|c| c.load_delay_ms)
+        .fold(f64::INFINITY, f64::min);
+    registry.least_loaded.observe(chosen.load_delay_ms, least);
 }
 
 /// The wait a worker's load adds to a request sent there now: its model's prediction for a

@@ -12,7 +12,9 @@
 //! model with prefill and decode workers is handed to [`super::disagg`] after the decision.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
-use super::decide::{candidates_for, decide_with, record_placement, Decision, Ranked};
+use super::decide::{
+    candidates_for, decide_with, record_least_loaded, record_placement, Decision, Ranked,
+};
 use super::disagg;
 use super::pending::Prompt;
 use super::registry::{LoadGuard, Registry, Worker};
@@ -279,14 +281,11 @@ async fn route(
             .inc_by(forgone);
     }
     if policy.uses_cache() {
-        if let Some(w) = ranked.order.first() {
-            record_placement(
-                &st.registry,
-                w,
-                &ranked.decision.candidates,
-                turn_gap,
-                forgone > 0,
-            );
+        if let (Some(w), Some(c)) = (ranked.order.first(), ranked.decision.candidates.first()) {
+            record_placement(&st.registry, w, c, turn_gap, forgone > 0);
+        }
+        if weights.next_arrivals {
+            record_least_loaded(&st.registry, &ranked.decision.candidates);
         }
     }
 

@@ -390,10 +390,7 @@ fn a_new_conversation_is_priced_with_the_conversations_living_on_each_worker() {
     assert!(d.candidates.iter().all(|c| c.later_turns_ms == 0.0));
     // A placement records the conversation on the chosen worker.
     let before = workers[1].live.count(std::time::Instant::now(), life);
-    let b_first: Vec<Candidate> = std::iter::once(by(&d, "b"))
-        .chain(d.candidates.iter().filter(|c| c.worker != "b").cloned())
-        .collect();
-    record_placement(&registry, &workers[1], &b_first, None, false);
+    record_placement(&registry, &workers[1], &by(&d, "b"), None, false);
     let after = workers[1].live.count(std::time::Instant::now(), life);
     assert!(after > before + 0.9, "{before} → {after}");
 }
@@ -592,11 +589,11 @@ fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_sh
     assert_eq!(d.worker, "d", "a short prompt still takes the idle worker");
     // λ counts the requests that went where the wait was least: the short prompt did, the
     // long one queuing behind "a" did not.
-    record_placement(&registry, &workers[3], &d.candidates, None, false);
+    record_least_loaded(&registry, &d.candidates);
     assert_eq!(registry.least_loaded.share(), 1.0);
     let d = weighed_decision(&registry, &workers, &long, false, None, &charged);
     assert_eq!(d.worker, "a");
-    record_placement(&registry, &workers[0], &d.candidates, None, false);
+    record_least_loaded(&registry, &d.candidates);
     let share = registry.least_loaded.share();
     assert!((share - (1.0 - GAP_WEIGHT)).abs() < 1e-12, "{share}");
 }
