@@ -334,8 +334,16 @@ impl Engine {
         !self.running.is_empty() || !self.waiting.is_empty()
     }
 
-    /// Queues a request; returns its handle.
+    /// Queues a request arriving now; returns its handle.
     pub fn add_request(&mut self, r: NewRequest) -> Result<u64, SimError> {
+        self.add_request_at(r, self.now)
+    }
+
+    /// Queues a request that arrived at `arrival` (simulated seconds): while a step runs the
+    /// clock already reads the step's end, and a request that arrives meanwhile waits for that
+    /// step, so its TTFT counts from its own arrival, as vLLM's `arrival_time` does. It is
+    /// scheduled from the next step on; an `arrival` after the clock reads as now.
+    pub fn add_request_at(&mut self, r: NewRequest, arrival: f64) -> Result<u64, SimError> {
         if r.prompt.is_empty() {
             return Err(SimError::Request("the prompt is empty".into()));
         }
@@ -378,7 +386,11 @@ impl Engine {
             num_cached_tokens: None,
             junction: 0,
             skip: r.skip_prefix_cache,
-            arrival: self.now,
+            arrival: if arrival.is_finite() {
+                arrival.min(self.now)
+            } else {
+                self.now
+            },
             first_token: None,
             preemptions: 0,
             remote: r.remote_kv,

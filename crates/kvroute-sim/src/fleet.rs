@@ -12,6 +12,7 @@ use crate::error::SimError;
 use crate::publisher::{PublisherConfig, ReplayLayout};
 use crate::wire::WireFormat;
 use crate::worker::{Worker, WorkerConfig};
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -44,12 +45,25 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = crate::http::router(worker);
+    let listener = without_nagle(listener);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!("sim HTTP server stopped: {e}");
         }
     });
     Ok((bound, task))
+}
+
+/// `listener` with TCP_NODELAY on every connection it accepts, as vLLM's server has (asyncio
+/// and uvloop set it on every TCP transport): with Nagle's algorithm a streamed answer's first
+/// token waits, behind its unacknowledged headers, for the client's delayed ACK (up to 40 ms on
+/// Linux).
+pub fn without_nagle(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
 }
 
 /// Starts one worker: its ranks and publishers, then its HTTP server on `http`.

@@ -314,9 +314,11 @@ impl Worker {
         let (tx, rx) = mpsc::unbounded_channel();
         let handle = {
             let mut e = rk.engine.lock();
-            e.advance_to(self.shared.sim_now());
+            let now = self.shared.sim_now();
+            e.advance_to(now);
             let digest = prompt_digest(&req.prompt);
-            let h = e.add_request(req)?;
+            // Mid-step the engine's clock reads the step's end: the request arrived now.
+            let h = e.add_request_at(req, now)?;
             rk.senders.lock().insert(h, tx);
             rk.digests.lock().insert(h, digest);
             h

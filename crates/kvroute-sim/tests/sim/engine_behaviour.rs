@@ -189,3 +189,40 @@ fn a_decode_request_pulls_its_prompt_computes_only_the_last_token_and_reports_th
         }
     }
 }
+
+#[test]
+fn a_request_arriving_during_a_step_counts_its_ttft_from_its_arrival_not_the_steps_end() {
+    let mut e = Engine::new(EngineConfig::for_preset("llama").unwrap()).unwrap();
+    e.add_request(req((0..4000).collect(), 1)).unwrap();
+    // The first step prefills 4,000 tokens; the clock now reads that step's end.
+    let first = e.step();
+    assert!(first.duration_s > 0.0);
+    let step_end = e.now();
+    // A second request arrives halfway through that step and a third at its end.
+    let mid = step_end - first.duration_s / 2.0;
+    e.add_request_at(req((5000..5100).collect(), 1), mid)
+        .unwrap();
+    e.add_request(req((6000..6100).collect(), 1)).unwrap();
+    let out = e.step();
+    let ttfts: Vec<f64> = first
+        .tokens
+        .iter()
+        .chain(&out.tokens)
+        .filter_map(|t| t.finished.as_ref().map(|f| f.ttft_s))
+        .collect();
+    assert_eq!(ttfts.len(), 3, "one step prefills both short prompts");
+    // Both short prompts finish at the second step's end; the one that arrived mid-step
+    // waited half of the first step longer.
+    let (waited, fresh) = (ttfts[1], ttfts[2]);
+    assert!(
+        (waited - fresh - first.duration_s / 2.0).abs() < 1e-9,
+        "{ttfts:?}"
+    );
+    assert!((fresh - out.duration_s).abs() < 1e-9, "{ttfts:?}");
+    // An arrival stamped after the clock reads as now.
+    e.add_request_at(req((7000..7100).collect(), 1), e.now() + 5.0)
+        .unwrap();
+    let later = e.step();
+    let f = later.tokens[0].finished.as_ref().unwrap();
+    assert!((f.ttft_s - later.duration_s).abs() < 1e-9);
+}

@@ -348,3 +348,17 @@ async fn the_version_probe_and_unknown_routes_answer_like_vllm() {
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["type"], "NotFoundError");
 }
+
+#[tokio::test]
+async fn the_workers_http_listener_turns_off_nagle_on_every_connection_as_vllms_server_does() {
+    use axum::serve::Listener;
+    let raw = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = raw.local_addr().unwrap();
+    let mut listener = kvroute_sim::fleet::without_nagle(raw);
+    for _ in 0..2 {
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server_side, _) = listener.accept().await;
+        assert!(server_side.nodelay().unwrap());
+        drop(client);
+    }
+}
