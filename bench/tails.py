@@ -6,7 +6,9 @@ Per file: the engine-time TTFT p50 and p99 of all requests and of those sent aft
 SECONDS (default 2: the start, when every prefix is new and the gateways' estimates are
 young); how many requests were served less than the arrival-time oracle promised (a prefix
 another request had already sent, but not there or not yet stored), by the second they were
-sent; and the slowest 5 % by send time, with what each reused against the oracle.
+sent; the slowest 5 % by send time, with what each reused against the oracle; and the
+client's TTFT less the engine's at p10/p50/p90/p99 (the hops, the gateway and the machine's
+scheduling between the engine's first token and the client's first byte).
 """
 import collections
 import json
@@ -37,6 +39,9 @@ def report(path, skip):
     early = sum(1 for r in tail if r["sent_at_s"] < skip)
     print(f"  slowest 5 % ({len(tail)}): {early} sent in the first {skip:g} s; "
           f"{sum(1 for r in tail if r['cached_tokens'] < r['oracle_tokens'])} below the oracle")
+    gap = [(r["ttft_s"] - r["engine_ttft_s"]) * 1e3 for r in rs if r.get("ttft_s") is not None]
+    print("  client - engine TTFT: " + ", ".join(f"p{round(q * 100)} {pct(gap, q):.1f}"
+                                               for q in (.1, .5, .9, .99)) + " ms")
 
 
 def main(argv):

@@ -498,8 +498,10 @@ fn tails_splits_a_run_at_the_skip_time_and_counts_requests_served_below_the_orac
     let oracle = [0, 64, 32, 32, 64, 64, 0, 48, 0, 0];
     let mut reqs = served(ms);
     for (i, r) in reqs.iter_mut().enumerate() {
-        let f =
-            json!({ "sent_at_s": sent[i], "cached_tokens": cached[i], "oracle_tokens": oracle[i] });
+        // The client's clock reads i + 1 ms more than the engine's.
+        let client = (ms[i] + i as f64 + 1.0) / 1e3;
+        let f = json!({ "sent_at_s": sent[i], "cached_tokens": cached[i],
+                        "oracle_tokens": oracle[i], "ttft_s": client });
         *r = with(r.clone(), f);
     }
     // Left out, though slow and short of the oracle: a failure and an unmeasured request.
@@ -522,6 +524,8 @@ fn tails_splits_a_run_at_the_skip_time_and_counts_requests_served_below_the_orac
         "  sent after 2 s (6): TTFT p50 60 ms, p99 80 ms",
         "  below the oracle: 3 requests, 128 tokens; by second sent: 0: 1, 1: 1, 3: 1",
         "  slowest 5 % (1): 1 sent in the first 2 s; 1 below the oracle",
+        // Gaps 1..10 ms: p10 = [1] = 2, p50 = [5] = 6, p90 = [9] = 10, p99 = [int(9.9)] = 10.
+        "  client - engine TTFT: p10 2.0, p50 6.0, p90 10.0, p99 10.0 ms",
     ];
     assert_eq!(out.lines().collect::<Vec<_>>(), want);
     // From 3 s: 10 60 70 80: p50 = [2] = 70, p99 = [3] = 80.

@@ -193,8 +193,9 @@ fn a_decode_request_pulls_its_prompt_computes_only_the_last_token_and_reports_th
 #[test]
 fn a_request_arriving_during_a_step_counts_its_ttft_from_its_arrival_not_the_steps_end() {
     let mut e = Engine::new(EngineConfig::for_preset("llama").unwrap()).unwrap();
-    e.add_request(req((0..4000).collect(), 1)).unwrap();
-    // The first step prefills 4,000 tokens; the clock now reads that step's end.
+    e.add_request(req((0..2000).collect(), 1)).unwrap();
+    // The first step prefills all 2,000 tokens (the budget is 2,048) and finishes the request;
+    // the clock now reads that step's end.
     let first = e.step();
     assert!(first.duration_s > 0.0);
     let step_end = e.now();
