@@ -4,8 +4,10 @@
 //! ranking of candidates by cost — for the cache policies the predicted TTFT plus the charges
 //! `decide` computed beside it, less the junction credit priced at the worker's prefill rate
 //! (or, with cost model `tokens`, the tokens `expected_uncached + λ·load − μ·junction`) —,
-//! ties broken by load, then name.
-//! Invariants: ranking is deterministic for equal inputs (round-robin aside); every candidate
+//! ties broken by load, then by name order rotated by the request counter `rr` (candidates equal
+//! in cost and load take turns, so an idle fleet's cold prompts spread over its workers instead
+//! of all landing on the first name and evicting each other there).
+//! Invariants: ranking is deterministic for equal inputs, `rr` included; every candidate
 //! appears once in the ranking, best first (the retry takes the next one).
 //! Must not: look at sockets or the index: it ranks numbers the caller computed.
 
@@ -241,13 +243,22 @@ pub fn rank(
             }
         }
     }
-    cands.sort_by(|a, b| {
+    // `cands` is in name order here; equal cost and load fall back to that order rotated by
+    // `rr`, so each request starts the turn at a different worker.
+    let n = cands.len();
+    let start = (rr % n as u64) as usize;
+    let mut keyed: Vec<(usize, Candidate)> = cands
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| ((i + n - start) % n, c))
+        .collect();
+    keyed.sort_by(|(ta, a), (tb, b)| {
         a.cost
             .total_cmp(&b.cost)
             .then(a.load.total_cmp(&b.load))
-            .then_with(|| a.worker.cmp(&b.worker))
+            .then(ta.cmp(tb))
     });
-    cands
+    keyed.into_iter().map(|(_, c)| c).collect()
 }
 
 #[cfg(test)]
@@ -371,7 +382,33 @@ mod tests {
     }
 
     #[test]
-    fn ties_break_by_load_then_name() {
+    fn equal_candidates_take_turns_as_the_request_counter_advances() {
+        let idle = vec![
+            c("w0", 0, 100, 0.0),
+            c("w1", 0, 100, 0.0),
+            c("w2", 0, 100, 0.0),
+        ];
+        let firsts: Vec<String> = (0..6)
+            .map(|rr| {
+                rank(PolicyKind::HybridAware, idle.clone(), &w(1.0), rr)[0]
+                    .worker
+                    .clone()
+            })
+            .collect();
+        assert_eq!(firsts, ["w0", "w1", "w2", "w0", "w1", "w2"]);
+        // A cheaper candidate still wins whatever the counter says.
+        let mut warm = idle.clone();
+        warm[2] = c("w2", 64, 100, 0.0);
+        for rr in 0..6 {
+            assert_eq!(
+                rank(PolicyKind::HybridAware, warm.clone(), &w(1.0), rr)[0].worker,
+                "w2"
+            );
+        }
+    }
+
+    #[test]
+    fn ties_break_by_load_then_by_name_at_the_first_request() {
         let r = rank(
             PolicyKind::HybridAware,
             vec![c("b", 0, 10, 0.0), c("a", 5, 10, 0.0), c("c", 0, 10, 5.0)],

@@ -212,9 +212,9 @@ async fn a_prefill_worker_that_dies_with_the_request_or_hangs_is_retried_on_the_
     use crate::worker_faults::{faulty_engine, Fault};
     for fault in [Fault::Reset, Fault::Hang] {
         // "a-dead" takes the prefill leg and closes the connection without an answer (a
-        // process that died with the request) or never answers; it sorts first, so with equal
-        // costs it is tried first. The leg fails before any byte reached the client, so it is
-        // retried on "q0", and the decode leg then pulls from "q0".
+        // process that died with the request) or never answers; with equal costs it and "q0"
+        // take turns at being tried first. The leg fails before any byte reached the client,
+        // so it is retried on "q0", and the decode leg then pulls from "q0".
         let (dead_url, hits) = faulty_engine(fault).await;
         let good = pool("q", 1, Some("kv_producer")).await;
         let d = pool("d", 1, Some("kv_consumer")).await;

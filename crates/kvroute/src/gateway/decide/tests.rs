@@ -431,8 +431,8 @@ fn on_a_hybrid_layout_a_sibling_is_forecast_the_in_flight_prompts_checkpoint() {
         )
     }
     let run = |tokens| run(&registry, &workers, &weights, tokens);
-    // The first prompt goes to "a" (a tie, broken by name); its checkpoints are what the
-    // gateway records in flight there.
+    // The first prompt goes to "a" (a tie; request 0 starts the turn at the first name); its
+    // checkpoints are what the gateway records in flight there.
     let first: Vec<u32> = (1..=200).collect();
     let r = run(&first);
     assert_eq!(r.decision.worker, "a");
