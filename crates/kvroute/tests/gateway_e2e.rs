@@ -47,6 +47,11 @@ async fn complete(gw: &GatewayHandle, body: Value) -> Reply {
     }
 }
 
+/// A decision candidate's group-blind prediction (absent when 0).
+fn blind_of(candidate: &Value) -> u64 {
+    candidate["blind_cached"].as_u64().unwrap_or(0)
+}
+
 fn cached(r: &Reply) -> u64 {
     r.body["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
@@ -104,6 +109,8 @@ async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
     let f = fleet(3).await;
     let gw = gateway(f.workers.iter().map(spec).collect()).await;
     let mut total_cached = 0;
+    let mut replies = Vec::new();
+    let mut branches_blind_misjudges = 0;
     for seed in 0..6u32 {
         let p = prompt(seed, 300);
         let first = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 4})).await;
@@ -148,9 +155,49 @@ async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
             "{}",
             third.decision
         );
+        // On the worker holding the prompt, group-blind's view promises more than it serves.
+        let holder = third.decision["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["worker"] == first.decision["worker"])
+            .unwrap();
+        if blind_of(holder) > holder["predicted_cached"].as_u64().unwrap() {
+            branches_blind_misjudges += 1;
+        }
+        replies.extend([first, second, third]);
         settle(&gw).await;
     }
     assert!(total_cached > 1000);
+    assert!(branches_blind_misjudges > 0, "the branches' window groups");
+    // The group-blind counters equal what the decisions' chosen candidates say.
+    let (mut differs, mut over) = (0u64, 0u64);
+    for r in &replies {
+        let chosen = &r.decision["candidates"][0];
+        let (blind, exact) = (
+            blind_of(chosen),
+            chosen["predicted_cached"].as_u64().unwrap(),
+        );
+        differs += u64::from(blind != exact);
+        over += blind.saturating_sub(exact);
+    }
+    let admin = common::admin_metrics(&gw).await;
+    let counter = |name: &str| {
+        admin
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        counter("kvroute_group_blind_disagreements_total{kind=\"prediction\"}"),
+        differs,
+        "{admin}"
+    );
+    assert_eq!(
+        counter("kvroute_group_blind_overpromised_tokens_total"),
+        over,
+        "{admin}"
+    );
     let metrics = reqwest::get(format!("http://{}/metrics", gw.addr))
         .await
         .unwrap()

@@ -354,6 +354,11 @@ pub fn decide_with<'a>(
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
+                blind_cached: if hybrid {
+                    best.get(name).map_or(0, |b| b.blind)
+                } else {
+                    0
+                },
                 predicted_tier: tier,
                 tier_load_ms,
                 uncached: n - cached.min(n),

@@ -3,13 +3,14 @@
 //! Owns: the registry and every metric the gateway publishes: requests and decisions by policy
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
 //! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
-//! given up), decision and proxy latency, worker failures by reason, snapshot writes and loads, connections per listener,
+//! given up), hybrid-aware decisions group-blind would see otherwise, decision and proxy latency, worker failures by reason, snapshot writes and loads, connections per listener,
 //! discovery refreshes, discovered workers, fleet changes and configuration reloads, plus,
 //! rendered at scrape time, the index's counters and size and the wire intake's counters, and
 //! the front door's per-tenant figures (`TenantMetrics`).
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update.
 
+use super::policy::{blind_gap, Candidate};
 use kvroute_index::Index;
 use kvroute_wire::WireStats;
 use prometheus::{
@@ -33,6 +34,8 @@ pub struct Metrics {
     /// Decisions where the chosen worker serves less from cache than the best candidate
     /// offered (load or a junction outweighed the cache), and the cached tokens given up.
     pub cache_overridden: IntCounterVec,
+    pub blind_disagreements: IntCounterVec,
+    pub blind_overpromised: IntCounter,
     pub cached_forgone: IntCounterVec,
     /// Requests whose prompt extends an earlier one, and the further requests a conversation
     /// is expected to bring (the policy's horizon, [`super::sessions`]).
@@ -229,6 +232,19 @@ impl Metrics {
             ),
             &["policy"],
         ));
+        let blind_disagreements = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_group_blind_disagreements_total",
+                "Hybrid-aware decisions where group-blind's view differs: `prediction` (on the \
+                 chosen worker) or `best_worker` (it would look for the cache elsewhere)",
+            ),
+            &["kind"],
+        ));
+        let blind_overpromised = must(IntCounter::new(
+            "kvroute_group_blind_overpromised_tokens_total",
+            "Cached tokens group-blind predicts on hybrid-aware's chosen workers beyond the exact \
+             prediction",
+        ));
         let cached_forgone = must(IntCounterVec::new(
             Opts::new(
                 "kvroute_decision_cached_tokens_forgone_total",
@@ -245,6 +261,7 @@ impl Metrics {
             "Further requests a conversation is expected to bring after the current one",
         ));
         must(registry.register(Box::new(follow_ups.clone())));
+        must(registry.register(Box::new(blind_overpromised.clone())));
         let ejections = must(IntCounterVec::new(
             Opts::new(
                 "kvroute_worker_ejections_total",
@@ -362,6 +379,7 @@ impl Metrics {
             &reported_cached,
             &retries,
             &cache_overridden,
+            &blind_disagreements,
             &cached_forgone,
             &discovery_resolutions,
             &fleet_changes,
@@ -396,6 +414,8 @@ impl Metrics {
             ttft_error,
             ttft_relative_error,
             cache_overridden,
+            blind_disagreements,
+            blind_overpromised,
             cached_forgone,
             follow_ups,
             ejections,
@@ -421,6 +441,23 @@ impl Metrics {
     }
 
     /// The connection counters of one listener (`front`, `admin`).
+    /// Counts where group-blind's view of a hybrid-aware decision (its ranked candidates)
+    /// differs from the exact one ([`blind_gap`]).
+    pub fn record_blind_gap(&self, ranked: &[Candidate]) {
+        let gap = blind_gap(ranked);
+        if gap.prediction_differs {
+            self.blind_disagreements
+                .with_label_values(&["prediction"])
+                .inc();
+        }
+        if gap.best_elsewhere {
+            self.blind_disagreements
+                .with_label_values(&["best_worker"])
+                .inc();
+        }
+        self.blind_overpromised.inc_by(gap.overpromised);
+    }
+
     pub fn listener(&self, name: &str) -> super::listen::Counts {
         super::listen::Counts {
             open: self.connections_open.with_label_values(&[name]),

@@ -71,6 +71,10 @@ pub struct Candidate {
     pub worker: String,
     /// Predicted cached tokens under this policy's view of the cache.
     pub predicted_cached: u64,
+    /// Hybrid-aware only: what group-blind predicts on the same rank (its full-attention
+    /// prefix), for the A/B of exactness; 0 under other policies and where nothing is stored.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub blind_cached: u64,
     /// The part of `predicted_cached` the worker's CPU tier serves (loaded, not computed).
     #[serde(skip_serializing_if = "is_zero")]
     pub predicted_tier: u64,
@@ -151,6 +155,37 @@ impl Candidate {
     /// ahead of it will have stored by the time it is scheduled.
     pub fn expected_uncached(&self) -> u64 {
         self.uncached.saturating_sub(self.forecast_cached)
+    }
+}
+
+/// Where group-blind's view of one hybrid-aware decision differs from the exact one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlindGap {
+    /// The chosen worker's group-blind prediction is not its exact one.
+    pub prediction_differs: bool,
+    /// Tokens group-blind predicts on the chosen worker beyond what it will serve.
+    pub overpromised: u64,
+    /// Every worker group-blind sees as holding the most serves less than the best worker by
+    /// the exact view: group-blind would look for the prompt's cache elsewhere.
+    pub best_elsewhere: bool,
+}
+
+/// The gap between the exact and the group-blind view of ranked hybrid-aware candidates (the
+/// first is the chosen one).
+pub fn blind_gap(ranked: &[Candidate]) -> BlindGap {
+    let Some(chosen) = ranked.first() else {
+        return BlindGap::default();
+    };
+    let best_exact = ranked.iter().map(|c| c.predicted_cached).max().unwrap_or(0);
+    let best_blind = ranked.iter().map(|c| c.blind_cached).max().unwrap_or(0);
+    BlindGap {
+        prediction_differs: chosen.blind_cached != chosen.predicted_cached,
+        overpromised: chosen.blind_cached.saturating_sub(chosen.predicted_cached),
+        best_elsewhere: best_blind > 0
+            && ranked
+                .iter()
+                .filter(|c| c.blind_cached == best_blind)
+                .all(|c| c.predicted_cached < best_exact),
     }
 }
 
@@ -269,6 +304,7 @@ mod tests {
         Candidate {
             worker: w.into(),
             predicted_cached: cached,
+            blind_cached: 0,
             predicted_tier: 0,
             tier_load_ms: 0.0,
             uncached: n - cached,
@@ -405,6 +441,42 @@ mod tests {
                 "w2"
             );
         }
+    }
+
+    #[test]
+    fn blind_gap_counts_what_group_blind_would_promise_and_where_it_would_look() {
+        let with = |w: &str, exact: u64, blind: u64| Candidate {
+            blind_cached: blind,
+            ..c(w, exact, 1000, 0.0)
+        };
+        assert_eq!(blind_gap(&[]), BlindGap::default());
+        // Both views agree: no gap.
+        let same = [with("a", 256, 256), with("b", 0, 0)];
+        assert_eq!(blind_gap(&same), BlindGap::default());
+        // The chosen worker's window group lost the tail: blind promises 128 more, but it
+        // still sees the chosen worker as holding the most.
+        let lost = [with("a", 128, 256), with("b", 0, 0)];
+        assert_eq!(
+            blind_gap(&lost),
+            BlindGap {
+                prediction_differs: true,
+                overpromised: 128,
+                best_elsewhere: false
+            }
+        );
+        // Blind sees "b" holding the most, where the exact view serves less than on "a".
+        let elsewhere = [with("a", 192, 192), with("b", 64, 512)];
+        assert_eq!(
+            blind_gap(&elsewhere),
+            BlindGap {
+                prediction_differs: false,
+                overpromised: 0,
+                best_elsewhere: true
+            }
+        );
+        // A blind favourite that the exact view also ranks best is not elsewhere.
+        let shared = [with("a", 192, 192), with("b", 192, 512), with("c", 0, 512)];
+        assert!(!blind_gap(&shared).best_elsewhere);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use super::decide::{
 };
 use super::disagg;
 use super::pending::Prompt;
+use super::policy::PolicyKind;
 use super::registry::{LoadGuard, Registry, Worker};
 use super::request;
 use super::tenants::{completion_budget, Admission};
@@ -279,6 +280,9 @@ async fn route(
             .cached_forgone
             .with_label_values(&[policy.name()])
             .inc_by(forgone);
+    }
+    if policy == PolicyKind::HybridAware {
+        st.metrics.record_blind_gap(&ranked.decision.candidates);
     }
     if policy.uses_cache() {
         if let (Some(w), Some(c)) = (ranked.order.first(), ranked.decision.candidates.first()) {
