@@ -6,7 +6,8 @@ Per file: the engine-time TTFT p50 and p99 of all requests and of those sent aft
 SECONDS (default 2: the start, when every prefix is new and the gateways' estimates are
 young); how many requests were served less than the arrival-time oracle promised (a prefix
 another request had already sent, but not there or not yet stored), by the second they were
-sent; the slowest 5 % by send time, with what each reused against the oracle; and the
+sent, and by kind (a conversation's first request, a follow-up, a branch) with the requests
+each worker served, most first; the slowest 5 % by send time, with what each reused against the oracle; and the
 client's TTFT less the engine's at p10/p50/p90/p99 (the hops, the gateway and the machine's
 scheduling between the engine's first token and the client's first byte).
 """
@@ -35,6 +36,17 @@ def report(path, skip):
     by_s = collections.Counter(int(r["sent_at_s"]) for r in short)
     print(f"  below the oracle: {len(short)} requests, {lost} tokens; by second sent: "
           + ", ".join(f"{s}: {n}" for s, n in sorted(by_s.items())))
+    kinds = {"first requests": lambda r: r["turn"] == 0,
+             "follow-ups": lambda r: r["turn"] > 0 and not r["branch"],
+             "branches": lambda r: r["turn"] > 0 and r["branch"]}
+    by_kind = []
+    for name, is_kind in kinds.items():
+        ks = [r for r in short if is_kind(r)]
+        by_kind.append(f"{name} {sum(r['oracle_tokens'] - r['cached_tokens'] for r in ks)} "
+                       f"tokens ({len(ks)})")
+    per_worker = sorted(collections.Counter(r["worker"] for r in rs).values(), reverse=True)
+    print("  below the oracle by kind: " + ", ".join(by_kind) + "; requests per worker: "
+          + ", ".join(str(n) for n in per_worker))
     tail = sorted(rs, key=ms)[int(len(rs) * 0.95):]
     early = sum(1 for r in tail if r["sent_at_s"] < skip)
     print(f"  slowest 5 % ({len(tail)}): {early} sent in the first {skip:g} s; "

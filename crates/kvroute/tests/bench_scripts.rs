@@ -504,6 +504,13 @@ fn tails_splits_a_run_at_the_skip_time_and_counts_requests_served_below_the_orac
                         "oracle_tokens": oracle[i], "ttft_s": client });
         *r = with(r.clone(), f);
     }
+    // Request 3 is a follow-up and 7 a branch (1 is a first request); 0–2 ran on a second
+    // worker.
+    reqs[3] = with(reqs[3].clone(), json!({ "turn": 2 }));
+    reqs[7] = with(reqs[7].clone(), json!({ "turn": 1, "branch": true }));
+    for r in &mut reqs[..3] {
+        *r = with(r.clone(), json!({ "worker": "http://127.0.0.1:8002" }));
+    }
     // Left out, though slow and short of the oracle: a failure and an unmeasured request.
     let failed = json!({ "sent_at_s": 0.2, "oracle_tokens": 500, "failure": "timeout" });
     reqs.push(with(req(10, Some(9000.0)), failed));
@@ -523,6 +530,8 @@ fn tails_splits_a_run_at_the_skip_time_and_counts_requests_served_below_the_orac
         "  requests 10: TTFT p50 80 ms, p99 900 ms",
         "  sent after 2 s (6): TTFT p50 60 ms, p99 80 ms",
         "  below the oracle: 3 requests, 128 tokens; by second sent: 0: 1, 1: 1, 3: 1",
+        "  below the oracle by kind: first requests 64 tokens (1), follow-ups 32 tokens (1), \
+         branches 32 tokens (1); requests per worker: 7, 3",
         "  slowest 5 % (1): 1 sent in the first 2 s; 1 below the oracle",
         // Gaps 1..10 ms: p10 = [1] = 2, p50 = [5] = 6, p90 = [9] = 10, p99 = [int(9.9)] = 10.
         "  client - engine TTFT: p10 2.0, p50 6.0, p90 10.0, p99 10.0 ms",
@@ -533,7 +542,7 @@ fn tails_splits_a_run_at_the_skip_time_and_counts_requests_served_below_the_orac
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[2], "  sent after 3 s (4): TTFT p50 70 ms, p99 80 ms");
     assert_eq!(
-        lines[4],
+        lines[5],
         "  slowest 5 % (1): 1 sent in the first 3 s; 1 below the oracle"
     );
 }
