@@ -150,7 +150,7 @@ async fn one_request(
     sample.cached_reported = text
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|d| crate::gateway::proxy::reported_cached(d.as_bytes()))
+        .filter_map(|d| crate::gateway::answer::reported_cached(d.as_bytes()))
         .next_back();
     // The simulated engine reports its own TTFT (engine time, queueing included) on the last
     // chunk; prefer it to the wall clock, which multiplies the gateway's and the simulator's

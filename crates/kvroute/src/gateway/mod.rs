@@ -10,6 +10,7 @@
 //! Must not: block the runtime (all upstream I/O is async).
 
 pub mod admin;
+pub mod answer;
 pub mod arrivals;
 pub mod config;
 pub mod conversations;

@@ -12,6 +12,10 @@
 //! model with prefill and decode workers is handed to [`super::disagg`] after the decision.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
+use super::answer::{
+    completion_tokens, last_completion_tokens_in_sse, last_usage_in_sse, reported_cached,
+    DecodeTiming,
+};
 use super::decide::{
     candidates_for, decide_with, record_least_loaded, record_placement, Decision, Ranked,
 };
@@ -712,100 +716,6 @@ fn record_error(st: &AppState, worker: &str, predicted: u64, reported: u64) {
         .observe(predicted as f64 - reported as f64);
 }
 
-/// `usage.prompt_tokens_details.cached_tokens` of a JSON response.
-pub fn reported_cached(body: &[u8]) -> Option<u64> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    v.get("usage")?
-        .get("prompt_tokens_details")?
-        .get("cached_tokens")?
-        .as_u64()
-}
-
-/// `usage.completion_tokens` of a whole answer.
-fn completion_tokens(body: &[u8]) -> Option<u64> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    v.get("usage")?.get("completion_tokens")?.as_u64()
-}
-
-fn last_completion_tokens_in_sse(tail: &[u8]) -> Option<u64> {
-    let text = String::from_utf8_lossy(tail);
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| d.contains("completion_tokens"))
-        .filter_map(|d| completion_tokens(d.as_bytes()))
-        .next_back()
-}
-
-/// A stream's decode, for the decode model and the mean answer length: when its first chunk
-/// came, the prefill queued there then and the worker's running total of booked prefill, how
-/// many were running beside it, when the last chunk came, and how many events carried tokens.
-#[derive(Default)]
-struct DecodeTiming {
-    first: Option<DecodeStart>,
-    last: Option<Instant>,
-    events: u64,
-}
-
-struct DecodeStart {
-    at: Instant,
-    queued_tokens: u64,
-    booked_total: u64,
-    others_running: u64,
-}
-
-impl DecodeTiming {
-    fn start(&mut self, queued_tokens: u64, booked_total: u64, others_running: u64) {
-        self.first = Some(DecodeStart {
-            at: Instant::now(),
-            queued_tokens,
-            booked_total,
-            others_running,
-        });
-    }
-
-    fn chunk(&mut self, c: &[u8]) {
-        self.last = Some(Instant::now());
-        // One event per `data: {` (a token each, as vLLM streams by default).
-        self.events += c.windows(7).filter(|w| w == b"data: {").count() as u64;
-    }
-
-    /// At `[DONE]`: the answer's length (the engine's count when the client asked for usage,
-    /// which also adds the usage-only event; else the events), its mean inter-token latency,
-    /// and the prefill its steps carried: what was queued at its first token and booked there
-    /// since, less what is still queued at its last, per token decoded.
-    fn finish(&mut self, st: &AppState, worker: &Worker, reported: Option<u64>) {
-        let tokens = reported.unwrap_or(self.events).max(1);
-        st.registry.output_tokens.observe(tokens);
-        if let (Some(s), Some(t1)) = (self.first.take(), self.last) {
-            if tokens >= 2 {
-                let steps = (tokens - 1) as f64;
-                let itl_ms = t1.saturating_duration_since(s.at).as_secs_f64() * 1e3 / steps;
-                let since = worker
-                    .booked_total
-                    .load(Ordering::Relaxed)
-                    .saturating_sub(s.booked_total);
-                let worked_off = s
-                    .queued_tokens
-                    .saturating_add(since)
-                    .saturating_sub(worker.queued_tokens());
-                let prefill = worked_off as f64 / steps;
-                let r = s.others_running as f64;
-                worker.decode.observe(prefill, r, itl_ms);
-                st.registry.fleet_decode.observe(prefill, r, itl_ms);
-            }
-        }
-    }
-}
-
-fn last_usage_in_sse(tail: &[u8]) -> Option<u64> {
-    let text = String::from_utf8_lossy(tail);
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| d.contains("cached_tokens"))
-        .filter_map(|d| reported_cached(d.as_bytes()))
-        .next_back()
-}
-
 /// The served models; with tenants configured, only for a valid key.
 pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     if let Err(rejected) = st.tenants.authenticate(&headers) {
@@ -865,14 +775,5 @@ mod tests {
         assert_eq!(ev["error"]["code"], 502);
         // After a whole event nothing needs closing.
         assert!(stream_error_event(b"data: x\n\n", "m").starts_with(b"data: {"));
-    }
-
-    #[test]
-    fn the_engine_reported_hit_is_read_from_usage() {
-        let b =
-            br#"{"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 8}}}"#;
-        assert_eq!(reported_cached(b), Some(8));
-        let sse = b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n";
-        assert_eq!(last_usage_in_sse(sse), Some(4));
     }
 }
