@@ -29,12 +29,24 @@ pub(crate) fn completion_tokens(body: &[u8]) -> Option<u64> {
     v.get("usage")?.get("completion_tokens")?.as_u64()
 }
 
+/// `usage.completion_tokens` of a stream's last event that carries it (`tail`: the stream's
+/// last bytes).
 pub(crate) fn last_completion_tokens_in_sse(tail: &[u8]) -> Option<u64> {
+    last_in_sse(tail, "completion_tokens", completion_tokens)
+}
+
+/// The engine's `cached_tokens` from a stream's last event that carries it.
+pub(crate) fn last_usage_in_sse(tail: &[u8]) -> Option<u64> {
+    last_in_sse(tail, "cached_tokens", reported_cached)
+}
+
+/// What `read` finds in the last `data:` event of `tail` that mentions `key`.
+fn last_in_sse(tail: &[u8], key: &str, read: fn(&[u8]) -> Option<u64>) -> Option<u64> {
     let text = String::from_utf8_lossy(tail);
     text.lines()
         .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| d.contains("completion_tokens"))
-        .filter_map(|d| completion_tokens(d.as_bytes()))
+        .filter(|d| d.contains(key))
+        .filter_map(|d| read(d.as_bytes()))
         .next_back()
 }
 
@@ -99,15 +111,6 @@ impl DecodeTiming {
     }
 }
 
-pub(crate) fn last_usage_in_sse(tail: &[u8]) -> Option<u64> {
-    let text = String::from_utf8_lossy(tail);
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| d.contains("cached_tokens"))
-        .filter_map(|d| reported_cached(d.as_bytes()))
-        .next_back()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +122,9 @@ mod tests {
         assert_eq!(reported_cached(b), Some(8));
         let sse = b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n";
         assert_eq!(last_usage_in_sse(sse), Some(4));
+        // The last event that carries the figure wins; a malformed one is skipped.
+        let sse = b"data: {\"usage\":{\"completion_tokens\":3}}\n\ndata: {\"usage\":{\"completion_tokens\":7}}\n\ndata: {\"completion_tokens\n\ndata: [DONE]\n\n";
+        assert_eq!(last_completion_tokens_in_sse(sse), Some(7));
+        assert_eq!(last_usage_in_sse(sse), None);
     }
 }
