@@ -260,8 +260,9 @@ pub fn decide_with<'a>(
         .iter()
         .map(|w| {
             let name = w.spec.name.as_str();
-            let cached = best.get(name).map_or(0, |b| b.cached);
-            let tier = best.get(name).map_or(0, |b| b.tier);
+            let b = best.get(name);
+            let cached = b.map_or(0, |b| b.cached);
+            let tier = b.map_or(0, |b| b.tier);
             // The tier's part is loaded, not computed: it costs its transfer before the prefill.
             let tier_load_ms = tier as f64 * weights.cpu_load_us_per_token / 1000.0;
             let o = outlooks.get(name).copied().unwrap_or_default();
@@ -354,11 +355,7 @@ pub fn decide_with<'a>(
             Candidate {
                 worker: w.spec.name.clone(),
                 predicted_cached: cached,
-                blind_cached: if hybrid {
-                    best.get(name).map_or(0, |b| b.blind)
-                } else {
-                    0
-                },
+                blind_cached: if hybrid { b.map_or(0, |b| b.blind) } else { 0 },
                 predicted_tier: tier,
                 tier_load_ms,
                 uncached: n - cached.min(n),

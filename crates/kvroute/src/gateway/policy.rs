@@ -219,12 +219,13 @@ pub fn rank(
     if cands.is_empty() {
         return cands;
     }
+    // Name order rotated by `rr`: round-robin's order, and the other policies' last key (a
+    // stable sort below keeps it among candidates equal in cost and load).
     cands.sort_by(|a, b| a.worker.cmp(&b.worker));
+    let start = (rr % cands.len() as u64) as usize;
+    cands.rotate_left(start);
     match policy {
         PolicyKind::RoundRobin => {
-            let n = cands.len();
-            let start = (rr % n as u64) as usize;
-            cands.rotate_left(start);
             for (i, c) in cands.iter_mut().enumerate() {
                 c.cost = i as f64;
             }
@@ -278,22 +279,8 @@ pub fn rank(
             }
         }
     }
-    // `cands` is in name order here; equal cost and load fall back to that order rotated by
-    // `rr`, so each request starts the turn at a different worker.
-    let n = cands.len();
-    let start = (rr % n as u64) as usize;
-    let mut keyed: Vec<(usize, Candidate)> = cands
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| ((i + n - start) % n, c))
-        .collect();
-    keyed.sort_by(|(ta, a), (tb, b)| {
-        a.cost
-            .total_cmp(&b.cost)
-            .then(a.load.total_cmp(&b.load))
-            .then(ta.cmp(tb))
-    });
-    keyed.into_iter().map(|(_, c)| c).collect()
+    cands.sort_by(|a, b| a.cost.total_cmp(&b.cost).then(a.load.total_cmp(&b.load)));
+    cands
 }
 
 #[cfg(test)]
