@@ -1,11 +1,12 @@
 //! The analysis scripts under `bench/` whose figures `docs/routing.md` quotes (`matrix.py`,
-//! `paired.py`, `means.py`, `crossing.py`, `floor.py`, `prederr.py`, `tails.py`), each run with
-//! python3 over a few files written into a scratch directory the way `bench/peers.sh` and
-//! `kvroute bench --requests-log` write them (`CELL.ROUTER.RUN.json`, `.requests.jsonl`,
-//! `.metrics.prom`, `.workers.json`): every figure a script prints equals one computed by hand
-//! from round inputs, and what each script's docstring promises (percentile ranks
-//! `int(p/100 · n)`, failures left out, the first run of each router, the crossers) holds. The
-//! scripts use Python's standard library only; python3 must be installed (see `.ci/run`).
+//! `paired.py`, `means.py`, `crossing.py`, `floor.py`, `prederr.py`, `tails.py`,
+//! `followers.py`), each run with python3 over a few files written into a scratch directory
+//! the way `bench/peers.sh` and `kvroute bench --requests-log` write them
+//! (`CELL.ROUTER.RUN.json`, `.requests.jsonl`, `.metrics.prom`, `.workers.json`): every figure
+//! a script prints equals one computed by hand from round inputs, and what each script's
+//! docstring promises (percentile ranks `int(p/100 · n)`, failures left out, the first run of
+//! each router, the crossers) holds. The scripts use Python's standard library only; python3
+//! must be installed (see `.ci/run`).
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -545,4 +546,53 @@ fn tails_splits_a_run_at_the_skip_time_and_counts_requests_served_below_the_orac
         lines[5],
         "  slowest 5 % (1): 1 sent in the first 3 s; 1 below the oracle"
     );
+}
+
+#[test]
+fn followers_splits_requests_by_the_prompts_sent_to_their_worker_before_their_first_token() {
+    let d = Scratch::new("followers");
+    const W2: &str = "http://127.0.0.1:8002";
+    // Sent at (s), client TTFT (ms), predicted TTFT (ms), worker: a's first token comes at
+    // 0.10 s, after b and d (its worker's) were sent; b's at 0.09, after d; c is alone on
+    // W2; d's and e's come before anything else reaches their worker.
+    let rows = [
+        (0.00, 100.0, Some(80.0), None),
+        (0.05, 40.0, Some(42.0), None),
+        (0.06, 10.0, Some(10.0), Some(W2)),
+        (0.08, 20.0, Some(25.0), None),
+        (0.50, 30.0, None, None),
+    ];
+    let mut reqs: Vec<Value> = (0..)
+        .zip(rows)
+        .map(|(i, (sent, ms, predicted, worker))| {
+            let mut r = with(req(i, Some(ms)), json!({ "sent_at_s": sent }));
+            if let Some(p) = predicted {
+                r = with(r, json!({ "decision": { "predicted_ttft_ms": p } }));
+            }
+            if let Some(w) = worker {
+                r = with(r, json!({ "worker": w }));
+            }
+            r
+        })
+        .collect();
+    // Left out: a failure sent in a's wait on its worker.
+    reqs.push(with(
+        req(5, Some(5.0)),
+        json!({ "sent_at_s": 0.01, "failure": "status 503" }),
+    ));
+    let log = d.log("kvroute-hybrid.1", &reqs);
+
+    // 0 followers: c, d, e (TTFT 10, 20, 30: lower middle 20); predicted c 10, d 25 (lower
+    // middle 10), errors 0 and 25 % (lower middle 0), one within 10 %, mean (0 + 5) / 2.
+    let out = python("followers.py", &[&log]);
+    let want = [
+        "tiny.llama.tight.low.kvroute-hybrid.1.requests.jsonl",
+        "  followers 0: 3 requests (60 %), TTFT median 20.0 ms; predicted median 10.0 ms, \
+         median relative error 0.0 %, within 10 % 50 %, mean predicted - observed +2.5 ms",
+        "  followers 1: 1 requests (20 %), TTFT median 40.0 ms; predicted median 42.0 ms, \
+         median relative error 5.0 %, within 10 % 100 %, mean predicted - observed +2.0 ms",
+        "  followers 2+: 1 requests (20 %), TTFT median 100.0 ms; predicted median 80.0 ms, \
+         median relative error 20.0 %, within 10 % 0 %, mean predicted - observed -20.0 ms",
+    ];
+    assert_eq!(out.lines().collect::<Vec<_>>(), want);
 }

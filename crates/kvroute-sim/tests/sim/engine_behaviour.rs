@@ -1,5 +1,6 @@
 //! Engine behaviours the corpora do not isolate: duplicates, preemption, window blocks freed
-//! but still cached, the Mamba chunk split, and the time model's effect on TTFT.
+//! but still cached, the Mamba chunk split, and the time model's effect on TTFT (a reused
+//! prefix, an arrival mid-step, a later prompt sharing an earlier one's last prefill step).
 
 use kvroute_index::Event;
 use kvroute_sim::{Engine, EngineConfig, NewRequest};
@@ -226,4 +227,49 @@ fn a_request_arriving_during_a_step_counts_its_ttft_from_its_arrival_not_the_ste
     let later = e.step();
     let f = later.tokens[0].finished.as_ref().unwrap();
     assert!((f.ttft_s - later.duration_s).abs() < 1e-9);
+}
+
+/// The first request's TTFT on a fresh `preset` engine: a `len`-token prompt alone, and the
+/// same with a second `len`-token prompt (sharing nothing) arriving after its first step.
+fn first_ttft_alone_and_followed(preset: &str, len: u32) -> (f64, f64) {
+    let run = |follow: bool| {
+        let mut e = Engine::new(EngineConfig::for_preset(preset).unwrap()).unwrap();
+        let first = e.add_request(req((0..len).collect(), 1)).unwrap();
+        let mut tokens = e.step().tokens;
+        if follow {
+            e.add_request(req((50_000..50_000 + len).collect(), 1))
+                .unwrap();
+        }
+        tokens.extend(run_all(&mut e).1);
+        tokens
+            .iter()
+            .find(|t| t.handle == first)
+            .and_then(|t| t.finished.as_ref())
+            .map(|f| f.ttft_s)
+            .unwrap()
+    };
+    (run(false), run(true))
+}
+
+#[test]
+fn a_later_prompt_shares_an_earlier_prompts_last_prefill_step_which_gdn_always_splits_off() {
+    // Qwen3-Next (GDN, align mode, 544-token blocks): a 600-token prompt computes 544 tokens,
+    // to the last boundary whose state it caches, then its last 56 in a step of their own; a
+    // prompt that arrived meanwhile is scheduled into that step, 544 tokens of it.
+    let (alone, followed) = first_ttft_alone_and_followed("qwen3-next", 600);
+    let chunk = 544.0 * 60e-6;
+    assert!(
+        followed - alone > 0.9 * chunk,
+        "alone {alone} followed {followed}"
+    );
+    // Full attention computes the same prompt in one step: what arrives later waits.
+    let (alone, followed) = first_ttft_alone_and_followed("llama", 600);
+    assert_eq!(alone, followed);
+    // A prompt longer than a step's budget (2,048 tokens) ends in a step with room to spare,
+    // which a later prompt fills, on full attention as well.
+    let (alone, followed) = first_ttft_alone_and_followed("llama", 3000);
+    assert!(
+        followed - alone > 0.9 * 1096.0 * 60e-6,
+        "alone {alone} followed {followed}"
+    );
 }
