@@ -2,27 +2,31 @@
 //!
 //! Owns: applying one normalized event to one rank (stores, removals, clears; device tier vs
 //! offload tiers; layout learning and layout changes; content-key placement; the live hash
-//! check, with vLLM 0.33's lookahead tokens when a store carries them), the per-rank
-//! statistics, the eviction figures (the eviction group's stored and re-stored tokens, and the
-//! blocks it removed lately; kept only while the index tracks evictions), and the rank's
-//! `Plan` (params and lookups) for predictions.
+//! check, with vLLM 0.33's lookahead tokens when a store carries them, in `hash_check`), the
+//! per-rank statistics, the eviction figures (the eviction group's stored and re-stored
+//! tokens, and the blocks it removed lately; kept only while the index tracks evictions), and
+//! the rank's `Plan` (params and lookups) for predictions.
 //! Invariants: only device-tier blocks reach the group holders; a removal takes one copy; a
 //! clear empties every device group but keeps the layout, and forgets the removed blocks (what
 //! follows a clear is no re-prefill of evicted content); a kind change clears the rank first;
 //! `plan` always equals `layout.plan(&config.lookup, config.rules())` (recomputed on every
-//! layout or configuration change; `layout` is public for reading, and changes only through `store`).
+//! layout or configuration change; `layout` is public for reading, and changes only through
+//! `store`).
 //! Must not: lock anything (the index serializes access per rank) or predict.
 
 use crate::counters::{Counter, Counters};
 use crate::engine::{Engine, Rules};
-use crate::event::{is_device_medium, CacheKind, KeyValue, Removed, Rule, Stored, WorkerId};
+use crate::event::{is_device_medium, CacheKind, Removed, Rule, Stored, WorkerId};
 use crate::ghosts::Ghosts;
-use crate::hash::{self, BlockExtras, BlockHasher, Digest, HashAlgo};
+use crate::hash::{self, BlockHasher, Digest, HashAlgo};
 use crate::holder::{MixBuild, Multiset, SpecSet, SPEC_SLOTS};
 use crate::layout::{Layout, Learned, LookupConfig, Params, Plan};
 use crate::runs::Runs;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+
+mod hash_check;
+use hash_check::first_salt;
 
 /// How the router keys blocks for one worker.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -702,117 +706,6 @@ impl RankState {
             .find_map(|g| g.content.get(&engine_hash).map(|(k, _)| *k))
     }
 
-    /// A store whose lookahead tokens (their count; 0 without) differ from the worker's
-    /// configured count: the router hashes this worker's requests otherwise than the engine
-    /// does.
-    fn check_lookahead(&mut self, ev: &Stored, counters: &Counters) {
-        if ev.hashes.is_empty() {
-            return;
-        }
-        let want = self.config.rules().lookahead as usize;
-        let got = match &ev.lookahead_token_ids {
-            None => 0,
-            Some(l) => l.first().map_or(0, Vec::len),
-        };
-        if got != want {
-            let detail = format!(
-                "a store's hashes cover {got} lookahead tokens, the worker is configured for \
-                 {want}: set the worker's engine and hash_lookahead_tokens (docs/engines.md)"
-            );
-            self.refuse(Counter::LookaheadMismatch, 1, counters, &ev.worker, &detail);
-        }
-    }
-
-    /// The live hash check: recompute a reproducible store and compare.
-    fn check_hashes(&mut self, ev: &Stored, counters: &Counters) {
-        let Some(params) = self.plan.params else {
-            return;
-        };
-        let h = params.hash_block as usize;
-        let reproducible_extras = ev.lora_name.is_none()
-            && match &ev.extra_keys {
-                None => true,
-                Some(keys) => keys.iter().enumerate().all(|(i, k)| {
-                    k.is_none() || (i == 0 && ev.parent.is_none() && first_salt(ev).is_some())
-                }),
-            };
-        // vLLM 0.33's lookahead hashes: the tokens after each block, one entry per hash.
-        let lookahead = ev.lookahead_token_ids.as_deref();
-        let dense = ev.block_size as usize == h
-            && !ev.hashes.is_empty()
-            && ev.hashes.len() * h == ev.token_ids.len()
-            && lookahead.is_none_or(|l| l.len() == ev.hashes.len());
-        let parent: Option<Option<Digest>> = match &ev.parent {
-            None => Some(None),
-            Some(p) => match &p.raw {
-                Some(raw) if raw.len() == 32 => {
-                    let mut d = [0u8; 32];
-                    d.copy_from_slice(raw);
-                    Some(Some(d))
-                }
-                _ => self.digests.get(&p.value.0).map(|d| Some(*d)),
-            },
-        };
-        let (true, true, Some(mut parent)) = (dense, reproducible_extras, parent) else {
-            counters.add(Counter::HashCheckUnverifiable, 1);
-            self.stats.hash_unverifiable += 1;
-            return;
-        };
-        if self.hasher.is_none() {
-            // Built on the first store that can be checked (its seed digest is a SHA-256).
-            if let HashMode::Engine { algo, seed } = &self.config.hash {
-                self.hasher = Some(BlockHasher::new(*algo, seed));
-            }
-        }
-        let Some(hasher) = &self.hasher else { return };
-        let extras = BlockExtras {
-            cache_salt: if ev.parent.is_none() {
-                first_salt(ev)
-            } else {
-                None
-            },
-            lora: None,
-        };
-        let mut ok = true;
-        let mut computed = Vec::with_capacity(ev.hashes.len());
-        for (i, (block, got)) in ev.token_ids.chunks_exact(h).zip(&ev.hashes).enumerate() {
-            let idx = if ev.parent.is_none() { i } else { i + 1 };
-            let after = lookahead
-                .and_then(|l| l.get(i))
-                .map_or(&[][..], Vec::as_slice);
-            let d = hasher.hash_block_lookahead(parent.as_ref(), block, &extras, idx, after);
-            let matches = match &got.raw {
-                Some(raw) => raw.as_ref() == d.as_slice() || hash::external(&d) == got.value,
-                None => hash::external(&d) == got.value,
-            };
-            ok &= matches;
-            computed.push((got.value.0, d));
-            parent = Some(d);
-        }
-        if ok {
-            if self.digests.len() + computed.len() > DIGEST_CACHE_MAX {
-                self.digests.clear();
-            }
-            self.digests.extend(computed);
-            counters.add(Counter::HashCheckMatched, 1);
-            self.stats.hash_matched += 1;
-        } else {
-            self.refuse(Counter::HashCheckMismatched, 1, counters, &ev.worker, "a recomputed store does not match the engine's hashes: the router's hash settings (algorithm, seed, hash block size) differ from the engine's");
-            self.stats.hash_mismatched += 1;
-        }
-    }
-
-    /// Remembers the digests of a request the router hashed, so later stores chained on them
-    /// can be checked.
-    pub fn remember_digests(&mut self, digests: &[Digest]) {
-        if self.digests.len() + digests.len() > DIGEST_CACHE_MAX {
-            self.digests.clear();
-        }
-        for d in digests {
-            self.digests.insert(hash::external(d).0, *d);
-        }
-    }
-
     /// (group, hash, copies) of every device block, sorted: the state compared in tests.
     pub fn contents(&self, runs: &Runs) -> BTreeMap<u32, BTreeMap<u64, u32>> {
         self.groups
@@ -874,17 +767,5 @@ pub(crate) fn place_for<'a>(layout: &Layout, specs: &'a mut SpecTables, group: u
         Some(g) if g.rule() == Rule::FullAttention => Place::Shared,
         Some(g) => Place::Own(specs, (g.kind.clone(), g.window, g.block_size)),
         None => Place::Own(specs, (CacheKind::Unknown(String::new()), None, 0)),
-    }
-}
-
-/// The salt an engine published for a request's first block (untagged).
-fn first_salt(ev: &Stored) -> Option<String> {
-    match ev.extra_keys.as_ref()?.first()?.as_ref()? {
-        KeyValue::Str(s) => Some(s.clone()),
-        KeyValue::List(items) => items.iter().find_map(|k| match k {
-            KeyValue::Str(s) => Some(s.clone()),
-            _ => None,
-        }),
-        _ => None,
     }
 }

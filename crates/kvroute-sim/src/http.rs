@@ -7,7 +7,8 @@
 //! `/v1/completions/render` and `/v1/chat/completions/render`, `/kv_event_sources`,
 //! `/reset_prefix_cache`, `/admin/{cache,requests,faults,restart,pause,resume}`, and, with a
 //! KV transfer role, `kv_transfer_params` on both completion endpoints and `/admin/kv_pull`
-//! (the side channel decode workers pull a prefill worker's KV through, [`crate::disagg`]).
+//! (the side channel decode workers pull a prefill worker's KV through, [`crate::disagg`]); the
+//! admin endpoints' handlers are in `admin`.
 //! Invariants: every response carries `usage.prompt_tokens_details.cached_tokens` (the
 //! request's `num_cached_tokens`; in streams, on the final chunk); every error — malformed
 //! bodies, unknown routes, bodies over the worker's bound — is answered in vLLM's error shape,
@@ -16,7 +17,6 @@
 
 use crate::disagg::{self, Ask};
 use crate::engine::{NewRequest, RemoteKv, TokenOut};
-use crate::publisher::WireFaults;
 use crate::tokens::{self, Message};
 use crate::worker::{Submission, Worker};
 use axum::body::Bytes;
@@ -30,10 +30,15 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+mod admin;
+use admin::{
+    admin_cache, admin_faults, admin_kv_pull, admin_pause, admin_requests, admin_restart,
+    admin_resume,
+};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -772,109 +777,4 @@ async fn reset_prefix_cache(State(w): W) -> Response {
         )
         .into_response()
     }
-}
-
-/// `GET /admin/requests?since=N`: the finished requests from `seq` N on (engine times and
-/// cached tokens by prompt digest), and `total`, how many finished in all.
-async fn admin_requests(
-    State(w): W,
-    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
-) -> Response {
-    let since = q.get("since").and_then(|s| s.parse().ok()).unwrap_or(0);
-    let (requests, total) = w.finished_since(since);
-    Json(json!({ "total": total, "requests": requests })).into_response()
-}
-
-async fn admin_cache(State(w): W) -> Response {
-    Json(w.cache_state()).into_response()
-}
-
-fn opt_body(body: &Body) -> Result<Value, ApiError> {
-    if body.as_ref().is_ok_and(|b| b.is_empty()) {
-        Ok(json!({}))
-    } else {
-        parse_body(body)
-    }
-}
-
-async fn admin_faults(State(w): W, body: Body) -> Response {
-    let b = match opt_body(&body) {
-        Ok(b) => b,
-        Err(r) => return r.into_response(),
-    };
-    let f: WireFaults = match serde_json::from_value(b) {
-        Ok(f) => f,
-        Err(e) => return bad(format!("faults: {e}")).into_response(),
-    };
-    w.set_wire_faults(&f);
-    Json(json!({
-        "drop_batches": f.drop_batches,
-        "delay_ms": f.delay_ms,
-        "duplicate_batches": f.duplicate_batches,
-        "reorder_batches": f.reorder_batches,
-        "clock_offset_ms": f.clock_offset_ms,
-        "garbage_replay": f.garbage_replay,
-    }))
-    .into_response()
-}
-
-async fn admin_restart(State(w): W, body: Body) -> Response {
-    let b = match opt_body(&body) {
-        Ok(b) => b,
-        Err(r) => return r.into_response(),
-    };
-    let clear = b
-        .get("clear_cache")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    match w.restart(clear) {
-        Ok(()) => Json(json!({ "restarted": true, "clear_cache": clear })).into_response(),
-        Err(e) => bad(e.to_string()).into_response(),
-    }
-}
-
-/// `POST /admin/kv_pull` `{remote_engine_id, remote_request_id}`: a decode worker takes the
-/// KV this prefill worker holds for the request (`{"num_tokens": N}`), once, within the lease.
-async fn admin_kv_pull(State(w): W, body: Body) -> Response {
-    let b = match parse_body(&body) {
-        Ok(b) => b,
-        Err(r) => return r.into_response(),
-    };
-    let Some(cfg) = w
-        .config()
-        .kv_transfer
-        .as_ref()
-        .filter(|c| c.role.produces())
-    else {
-        return error(StatusCode::NOT_FOUND, "this worker prefills for nobody").into_response();
-    };
-    let engine = b.get("remote_engine_id").and_then(Value::as_str);
-    if engine != Some(cfg.engine_id.as_str()) {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("engine {engine:?} is not this worker ({})", cfg.engine_id),
-        )
-        .into_response();
-    }
-    let Some(id) = b.get("remote_request_id").and_then(Value::as_str) else {
-        return bad("`remote_request_id` must be a string").into_response();
-    };
-    match w.leases().take(id, std::time::Instant::now()) {
-        Some(n) => Json(json!({ "num_tokens": n })).into_response(),
-        None => error(
-            StatusCode::NOT_FOUND,
-            format!("no KV held for request {id}: never prefilled here, pulled, or expired"),
-        )
-        .into_response(),
-    }
-}
-
-async fn admin_pause(State(w): W) -> Response {
-    w.pause();
-    Json(json!({ "paused": true })).into_response()
-}
-
-async fn admin_resume(State(w): W) -> Response {
-    w.resume();
-    Json(json!({ "paused": false })).into_response()
 }

@@ -1,13 +1,13 @@
 //! Gateway configuration: the TOML file and the worker specs, in vLLM's own vocabulary.
 //!
-//! Owns: `GatewayConfig` (listen addresses, policy and weights, limits, admin token, snapshot and
-//! shutdown settings, the front door's tenants ([`super::tenants::TenantSpec`], validated
-//! there), the drain timeout, the `[discovery]` section, [`super::discovery`]) and
-//! `WorkerSpec` (HTTP URL, model, `kv_events` endpoint/replay/topic like vLLM's
-//! `--kv-events-config`, DP size, hash settings like `--prefix-caching-hash-algo` and
-//! `PYTHONHASHSEED`, the engine generation, `--speculative-config`'s fields and the LoRA
-//! adapters of `--lora-modules`), with
-//! validation that names the offending field, and the `--worker` flag keys for those.
+//! Owns: `GatewayConfig` (listen addresses, policy and weights — the `[weights]` section is
+//! [`PolicyWeights`], in `weights` —, limits, admin token, snapshot and shutdown settings, the
+//! front door's tenants ([`super::tenants::TenantSpec`], validated there), the drain timeout,
+//! the `[discovery]` section, [`super::discovery`]) and `WorkerSpec` (HTTP URL, model,
+//! `kv_events` endpoint/replay/topic like vLLM's `--kv-events-config`, DP size, hash settings
+//! like `--prefix-caching-hash-algo` and `PYTHONHASHSEED`, the engine generation,
+//! `--speculative-config`'s fields and the LoRA adapters of `--lora-modules`), with validation
+//! that names the offending field, and the `--worker` flag keys for those.
 //! Must not: start anything.
 
 use super::discovery::DiscoveryConfig;
@@ -19,6 +19,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+
+mod weights;
+pub use weights::{CostModel, PolicyWeights, PrefillStall};
 
 /// vLLM's `--kv-events-config`, as the engine was started with it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -450,160 +453,6 @@ impl WorkerSpec {
         match hostport.rsplit_once(':') {
             Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
             None => hostport.to_string(),
-        }
-    }
-}
-
-/// Weights of the routing cost `expected_uncached + lambda * load - junction * credit` (tokens).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyWeights {
-    /// λ: how many tokens of extra prefill one token of queued load is worth. Below 1 the
-    /// router keeps prefixes together until load differences grow large: on the bundled trace
-    /// 0.25 gave 1–3 points more reuse than 1 with the same or better TTFT (README).
-    #[serde(default = "default_lambda")]
-    pub lambda: f64,
-    /// Load tokens charged per in-flight request (its decode work).
-    #[serde(default = "default_request_tokens")]
-    pub tokens_per_request: f64,
-    /// μ: credit per full-attention prefix token a worker holds beyond what it will serve and
-    /// what the fleet's best worker serves, counting in-flight prompts (routing there makes the engine store a
-    /// junction checkpoint that later requests sharing the prefix reuse). Hybrid-aware only.
-    #[serde(default = "default_junction")]
-    pub junction: f64,
-    /// What the cache policies minimise: `ttft` (the predicted time to first token, learned
-    /// per worker) or `tokens` (`expected_uncached + λ·load − μ·junction`).
-    #[serde(default)]
-    pub cost: CostModel,
-    /// Cost model `ttft`: add, for each candidate, the wait its load adds to each later request
-    /// of the conversation times the follow-ups expected (learned from the traffic,
-    /// [`super::sessions`]). `false` ranks by this request's TTFT alone.
-    #[serde(default = "default_later_turns")]
-    pub later_turns: bool,
-    /// Cost model `ttft`: add, for each candidate, the wait this request's own prefill there
-    /// adds to the requests that will reach the worker before its first token (the fleet's
-    /// request rate at the worker's share, [`super::arrivals`]). `false` leaves other
-    /// requests' waits out.
-    #[serde(default = "default_later_turns")]
-    pub delay_to_others: bool,
-    /// Cost model `ttft`: add, for each candidate, the end-to-end latency this request's
-    /// decode adds to the requests running there and theirs to it (`2·δ·running·overlap`,
-    /// [`super::decoding`]). `false` leaves decoding out.
-    #[serde(default = "default_later_turns")]
-    pub decode_interference: bool,
-    /// Cost model `ttft`: which prefills are charged the end-to-end latency they add to the
-    /// requests decoding beside them, whose steps carry their chunks
-    /// ([`super::decoding::prefill_stall_ms`]): a new conversation's later turns
-    /// (`later-turns`, the default), also every request's own (`all`), or none (`off`).
-    #[serde(default)]
-    pub prefill_stall: PrefillStall,
-    /// Cost model `ttft`: add, for each candidate, the prefill later requests will spend on
-    /// what this request's uncached tokens push out of the worker's pool: those tokens times
-    /// the worker's re-prefill rate (learned from its events, [`super::eviction`]) at its
-    /// prefill cost. Off by default: on the eviction-heavy matrix cells it measured even to
-    /// worse (docs/routing.md, "The eviction charge").
-    #[serde(default)]
-    pub eviction: bool,
-    /// Cost model `ttft`: add, for each candidate, the wait a placement there adds to the
-    /// requests reaching the fleet while its least-loaded worker drains, each going where it
-    /// waits least ([`super::arrivals::next_arrivals_ms`]): a long prompt pays for taking the
-    /// last idle worker from the short ones behind it. Off by default (docs/routing.md, "The
-    /// next arrivals' wait").
-    #[serde(default)]
-    pub next_arrivals: bool,
-    /// The prefill queued on a worker is its bookings less what the engine has worked off
-    /// since, at the worker's learned prefill rate ([`super::registry::Worker::queued_tokens`]).
-    /// `false` counts every booking whole until its first byte.
-    #[serde(default = "default_later_turns")]
-    pub queue_drain: bool,
-    /// Cost model `ttft`: the time to load one token's KV from a worker's CPU tier (µs; the
-    /// `OffloadingConnector`'s hit, `medium = "CPU"`), added to its predicted TTFT. The
-    /// default, 5, is an 8B-class model's 128 KiB a token over PCIe 4.0 ×16 (about 25 GB/s):
-    /// set the model's KV bytes per token over the host link's bandwidth.
-    #[serde(default = "default_cpu_load_us_per_token")]
-    pub cpu_load_us_per_token: f64,
-}
-
-fn default_cpu_load_us_per_token() -> f64 {
-    5.0
-}
-
-fn default_later_turns() -> bool {
-    true
-}
-
-/// Which prefills the `ttft` cost charges for stalling the requests decoding beside them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PrefillStall {
-    Off,
-    /// A new conversation's expected later turns, each beside the requests recently running.
-    #[default]
-    LaterTurns,
-    /// Those, and this request's own prefill beside the requests in flight now.
-    All,
-}
-
-impl std::str::FromStr for PrefillStall {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "off" => Ok(PrefillStall::Off),
-            "later-turns" => Ok(PrefillStall::LaterTurns),
-            "all" => Ok(PrefillStall::All),
-            _ => Err(format!(
-                "unknown prefill stall {s:?} (off | later-turns | all)"
-            )),
-        }
-    }
-}
-
-/// The cache policies' cost.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CostModel {
-    #[default]
-    Ttft,
-    Tokens,
-}
-
-impl std::str::FromStr for CostModel {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "ttft" => Ok(CostModel::Ttft),
-            "tokens" => Ok(CostModel::Tokens),
-            _ => Err(format!("unknown cost model {s:?} (ttft | tokens)")),
-        }
-    }
-}
-
-fn default_junction() -> f64 {
-    1.0
-}
-
-fn default_lambda() -> f64 {
-    0.25
-}
-fn default_request_tokens() -> f64 {
-    64.0
-}
-
-impl Default for PolicyWeights {
-    fn default() -> Self {
-        PolicyWeights {
-            lambda: default_lambda(),
-            tokens_per_request: default_request_tokens(),
-            junction: default_junction(),
-            cost: CostModel::default(),
-            later_turns: default_later_turns(),
-            delay_to_others: default_later_turns(),
-            decode_interference: default_later_turns(),
-            prefill_stall: PrefillStall::default(),
-            eviction: false,
-            next_arrivals: false,
-            queue_drain: default_later_turns(),
-            cpu_load_us_per_token: default_cpu_load_us_per_token(),
         }
     }
 }
