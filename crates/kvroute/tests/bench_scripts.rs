@@ -1,12 +1,12 @@
-//! The analysis scripts under `bench/` whose figures `docs/routing.md` quotes (`matrix.py`,
-//! `paired.py`, `means.py`, `crossing.py`, `floor.py`, `prederr.py`, `tails.py`,
-//! `followers.py`), each run with python3 over a few files written into a scratch directory
-//! the way `bench/peers.sh` and `kvroute bench --requests-log` write them
-//! (`CELL.ROUTER.RUN.json`, `.requests.jsonl`, `.metrics.prom`, `.workers.json`): every figure
-//! a script prints equals one computed by hand from round inputs, and what each script's
-//! docstring promises (percentile ranks `int(p/100 · n)`, failures left out, the first run of
-//! each router, the crossers) holds. The scripts use Python's standard library only; python3
-//! must be installed (see `.ci/run`).
+//! The analysis scripts under `bench/` whose figures `docs/routing.md` and
+//! `docs/routing-analyses.md` quote (`matrix.py`, `paired.py`, `means.py`, `crossing.py`,
+//! `floor.py`, `prederr.py`, `tails.py`, `followers.py`), each run with python3 over a few files
+//! written into a scratch directory the way `bench/peers.sh` and `kvroute bench --requests-log`
+//! write them (`CELL.ROUTER.RUN.json`, `.requests.jsonl`, `.metrics.prom`, `.workers.json`):
+//! every figure a script prints equals one computed by hand from round inputs, and what each
+//! script's docstring promises (percentile ranks `int(p/100 · n)`, failures left out, the first
+//! run of each router, the crossers) holds. The scripts use Python's standard library only;
+//! python3 must be installed (see `.ci/run`).
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

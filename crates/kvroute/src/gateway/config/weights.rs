@@ -56,14 +56,14 @@ pub struct PolicyWeights {
     /// what this request's uncached tokens push out of the worker's pool: those tokens times
     /// the worker's re-prefill rate (learned from its events, [`super::eviction`]) at its
     /// prefill cost. Off by default: on the eviction-heavy matrix cells it measured even to
-    /// worse (docs/routing.md, "The eviction charge").
+    /// worse (docs/routing-analyses.md, "The eviction charge").
     #[serde(default)]
     pub eviction: bool,
     /// Cost model `ttft`: add, for each candidate, the wait a placement there adds to the
     /// requests reaching the fleet while its least-loaded worker drains, each going where it
     /// waits least ([`super::arrivals::next_arrivals_ms`]): a long prompt pays for taking the
-    /// last idle worker from the short ones behind it. Off by default (docs/routing.md, "The
-    /// next arrivals' wait").
+    /// last idle worker from the short ones behind it. Off by default
+    /// (docs/routing-analyses.md, "The next arrivals' wait").
     #[serde(default)]
     pub next_arrivals: bool,
     /// The prefill queued on a worker is its bookings less what the engine has worked off
