@@ -6,103 +6,15 @@
 //! aborts the engine's request and releases its load; conversations are recognised.
 
 mod common;
+#[path = "gateway_e2e/support.rs"]
+mod support;
 
 use kvroute::gateway::config::{KvEventsSpec, WorkerSpec};
-use kvroute::gateway::{Gateway, GatewayHandle};
-use kvroute_sim::{Fleet, FleetOptions, SimHandle, WorkerConfig};
+use kvroute::gateway::Gateway;
+use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
 use serde_json::{json, Value};
 use std::time::Duration;
-
-const PRESET: &str = "tiny-gemma3";
-
-async fn fleet(n: usize) -> Fleet {
-    let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
-    cfg.speedup = 1000.0;
-    Fleet::start(FleetOptions::new(cfg, n)).await.unwrap()
-}
-
-fn spec(h: &SimHandle) -> WorkerSpec {
-    common::sim_spec(h, PRESET, true)
-}
-
-async fn gateway(workers: Vec<WorkerSpec>) -> GatewayHandle {
-    let cfg = common::gateway_config(workers);
-    let gw = Gateway::start(cfg).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    gw
-}
-
-struct Reply {
-    status: u16,
-    body: Value,
-    decision: Value,
-}
-
-async fn complete(gw: &GatewayHandle, body: Value) -> Reply {
-    let (status, decision, text) = common::post_completion(gw, &body).await;
-    Reply {
-        status,
-        body: serde_json::from_str(&text).unwrap_or(Value::Null),
-        decision,
-    }
-}
-
-/// A decision candidate's group-blind prediction (absent when 0).
-fn blind_of(candidate: &Value) -> u64 {
-    candidate["blind_cached"].as_u64().unwrap_or(0)
-}
-
-fn cached(r: &Reply) -> u64 {
-    r.body["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap()
-}
-
-/// Runs a process to completion off the async runtime.
-async fn run(program: &'static str, args: Vec<String>) -> std::process::Output {
-    tokio::task::spawn_blocking(move || {
-        std::process::Command::new(program)
-            .args(&args)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-/// Waits until the gateway's index has taken in the engines' events: the index stops changing
-/// for 100 ms (bounded at 5 s), so a loaded machine cannot make a prediction race its events.
-async fn settle(gw: &GatewayHandle) {
-    let index = &gw.state.registry.index;
-    let snapshot = || {
-        (
-            index
-                .counters()
-                .get(kvroute_index::counters::Counter::StoreEvents),
-            index.stats().block_copies,
-        )
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let mut last = snapshot();
-    let mut stable_since = std::time::Instant::now();
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    while std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = snapshot();
-        if now != last {
-            last = now;
-            stable_since = std::time::Instant::now();
-        } else if stable_since.elapsed() >= Duration::from_millis(100) {
-            return;
-        }
-    }
-}
-
-fn prompt(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (seed * 131 + i * 7) % 1000 + 3)
-        .collect()
-}
+use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
@@ -116,7 +28,7 @@ async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
         let first = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 4})).await;
         assert_eq!(first.status, 200, "{}", first.body);
         assert_eq!(first.decision["predicted_cached"], 0);
-        settle(&gw).await;
+        common::settle(&gw).await;
         // A continuation: same worker, and the prediction equals what the engine reports.
         let mut next = p.clone();
         next.extend(prompt(seed + 100, 40));
@@ -139,7 +51,7 @@ async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
         );
         assert!(cached(&second) > 0);
         total_cached += cached(&second);
-        settle(&gw).await;
+        common::settle(&gw).await;
         // A branch that shares only the first 150 tokens: the window groups cannot serve it,
         // and the gateway knows (a group-blind router would promise 128).
         let mut branch = p[..150].to_vec();
@@ -166,7 +78,7 @@ async fn routing_follows_the_cache_and_predicts_the_engine_hit_exactly() {
             branches_blind_misjudges += 1;
         }
         replies.extend([first, second, third]);
-        settle(&gw).await;
+        common::settle(&gw).await;
     }
     assert!(total_cached > 1000);
     assert!(branches_blind_misjudges > 0, "the branches' window groups");
@@ -245,7 +157,7 @@ async fn streams_pass_through_and_text_prompts_tokenize_like_the_worker() {
         a.body["usage"]["prompt_tokens"],
         a.decision["prompt_tokens"]
     );
-    settle(&gw).await;
+    common::settle(&gw).await;
     let b = complete(&gw, body).await;
     assert!(cached(&b) > 0);
     assert_eq!(b.decision["predicted_cached"].as_u64().unwrap(), cached(&b));
@@ -391,7 +303,7 @@ async fn a_worker_streaming_garbage_events_does_not_spoil_the_others() {
         let p = prompt(seed + 50, 250);
         let a = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 2})).await;
         assert_eq!(a.status, 200);
-        settle(&gw).await;
+        common::settle(&gw).await;
         if a.decision["worker"] == "zz-garbage" {
             continue;
         }
@@ -406,7 +318,7 @@ async fn a_worker_streaming_garbage_events_does_not_spoil_the_others() {
             "{}",
             b.decision
         );
-        settle(&gw).await;
+        common::settle(&gw).await;
     }
     assert!(
         checked >= 4,
@@ -532,7 +444,7 @@ async fn explain_asks_a_running_gateway_for_every_workers_prediction() {
     let p = prompt(7, 200);
     let r = complete(&gw, json!({"model": PRESET, "prompt": p, "max_tokens": 2})).await;
     assert_eq!(r.status, 200);
-    settle(&gw).await;
+    common::settle(&gw).await;
     let toks: Vec<String> = p.iter().map(u32::to_string).collect();
     let admin = format!("http://{}", gw.admin_addr);
     let args = vec![
@@ -616,18 +528,6 @@ async fn events_capture_records_a_live_stream_that_decodes_back() {
     let _ = std::fs::remove_file(out);
 }
 
-/// Two free consecutive ports (vLLM's DP ranks publish on `port + rank`).
-fn consecutive_ports() -> u16 {
-    for _ in 0..200 {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = a.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
-        }
-    }
-    panic!("no two consecutive free ports");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_parallel_worker_is_followed_on_every_rank() {
     let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
@@ -658,7 +558,7 @@ async fn a_data_parallel_worker_is_followed_on_every_rank() {
         )
         .await;
         assert_eq!(r.status, 200);
-        settle(&gw).await;
+        common::settle(&gw).await;
     }
     // Each rank's events landed under its own rank: both hold blocks, and different ones.
     let contents = gw.state.registry.index.contents();
