@@ -549,12 +549,12 @@ fn tails_splits_a_run_at_the_skip_time_and_counts_requests_served_below_the_orac
 }
 
 #[test]
-fn followers_splits_requests_by_the_prompts_sent_to_their_worker_before_their_first_token() {
+fn followers_counts_the_prompts_sent_to_a_requests_worker_within_the_window() {
     let d = Scratch::new("followers");
     const W2: &str = "http://127.0.0.1:8002";
     // Sent at (s), client TTFT (ms), predicted TTFT (ms), worker: a's first token comes at
-    // 0.10 s, after b and d (its worker's) were sent; b's at 0.09, after d; c is alone on
-    // W2; d's and e's come before anything else reaches their worker.
+    // 0.10 s, after b (0.05 s) and d (0.08 s) reached its worker; b's at 0.09, after d; c is
+    // alone on W2; d's and e's come before anything else reaches their worker.
     let rows = [
         (0.00, 100.0, Some(80.0), None),
         (0.05, 40.0, Some(42.0), None),
@@ -581,12 +581,27 @@ fn followers_splits_requests_by_the_prompts_sent_to_their_worker_before_their_fi
         json!({ "sent_at_s": 0.01, "failure": "status 503" }),
     ));
     let log = d.log("kvroute-hybrid.1", &reqs);
+    let name = "tiny.llama.tight.low.kvroute-hybrid.1.requests.jsonl";
 
-    // 0 followers: c, d, e (TTFT 10, 20, 30: lower middle 20); predicted c 10, d 25 (lower
-    // middle 10), errors 0 and 25 % (lower middle 0), one within 10 %, mean (0 + 5) / 2.
+    // The default window, 40 ms: a's ends at 0.04 s, before b; b's at its first token, 0.09 s,
+    // after d. 0 followers: a, c, d, e (TTFT 10, 20, 30, 100: lower middle 20); predicted c 10,
+    // d 25, a 80 (lower middle 25), errors 0, 25 and 20 % (lower middle 20), one within 10 %,
+    // mean (0 + 5 − 20) / 3.
     let out = python("followers.py", &[&log]);
     let want = [
-        "tiny.llama.tight.low.kvroute-hybrid.1.requests.jsonl",
+        name,
+        "  followers 0: 4 requests (80 %), TTFT median 20.0 ms; predicted median 25.0 ms, \
+         median relative error 20.0 %, within 10 % 33 %, mean predicted - observed -5.0 ms",
+        "  followers 1: 1 requests (20 %), TTFT median 40.0 ms; predicted median 42.0 ms, \
+         median relative error 5.0 %, within 10 % 100 %, mean predicted - observed +2.0 ms",
+    ];
+    assert_eq!(out.lines().collect::<Vec<_>>(), want);
+
+    // A 100 ms window reaches every first token: a has b and d. 0 followers: c, d, e (lower
+    // middle 20); predicted c 10, d 25 (lower middle 10), errors 0 and 25 % (lower middle 0).
+    let out = python("followers.py", &["--window", "100", &log]);
+    let want = [
+        name,
         "  followers 0: 3 requests (60 %), TTFT median 20.0 ms; predicted median 10.0 ms, \
          median relative error 0.0 %, within 10 % 50 %, mean predicted - observed +2.5 ms",
         "  followers 1: 1 requests (20 %), TTFT median 40.0 ms; predicted median 42.0 ms, \

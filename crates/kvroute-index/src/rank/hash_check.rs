@@ -5,11 +5,14 @@
 //! its blocks are dense at the hash block size, its extra keys are at most the first block's
 //! salt, it names no LoRA adapter, and its parent's digest is known: raw in the event, or
 //! remembered), `RankState::remember_digests`, and the first-block salt reader.
-//! Invariants: the digest cache stays within `DIGEST_CACHE_MAX` entries (emptied when it would
-//! overflow); a store counts once, as matched, mismatched or unverifiable; only a matched
-//! store's digests are remembered.
-//! Must not: change the rank's holders or layout; a mismatch is counted and refused, never
-//! applied differently.
+//! Invariants: the checks run after the store is applied and only observe it: a mismatch is
+//! counted and logged once per rank and reason, and the store stays applied either way; a
+//! checked store counts once, as matched, mismatched or unverifiable (none is checked before
+//! the layout gives a hash block size); of the stores, only a matched one's digests are
+//! remembered (beside those of the requests the router hashed, `remember_digests`); the
+//! digest cache is emptied whenever adding a store's digests would take it past
+//! `DIGEST_CACHE_MAX` entries.
+//! Must not: change the rank's holders or layout.
 
 use super::{HashMode, RankState, DIGEST_CACHE_MAX};
 use crate::counters::{Counter, Counters};

@@ -252,7 +252,7 @@ fn first_ttft_alone_and_followed(preset: &str, len: u32) -> (f64, f64) {
 }
 
 #[test]
-fn a_later_prompt_shares_an_earlier_prompts_last_prefill_step_which_gdn_always_splits_off() {
+fn a_later_prompt_shares_an_earlier_prompts_last_prefill_step_which_gdn_splits_off() {
     // Qwen3-Next (GDN, align mode, 544-token blocks): a 600-token prompt computes 544 tokens,
     // to the last boundary whose state it caches, then its last 56 in a step of their own; a
     // prompt that arrived meanwhile is scheduled into that step, 544 tokens of it.

@@ -4,9 +4,11 @@
 //!
 //! Owns: the `Ctx` methods that read one field each.
 //! Invariants: an event-costing problem is a `Refusal`; a field-costing one records a
-//! [`crate::reasons::Dropped`] through `field_drop` and leaves the field out; every count and
-//! length is checked against `Limits` (hashes per event and per batch, hash bytes, token ids,
-//! string bytes, extra-key depth) before anything is read or kept.
+//! [`crate::reasons::Dropped`] through `field_drop` and leaves the field out; counts and sizes
+//! are checked against `Limits` before anything is kept (hashes per event and per batch, hash
+//! bytes, token ids, the string bytes of the medium, the kind, the LoRA name and the salt, and
+//! the extra keys' nesting depth); the extra keys' own strings and bytes are bounded by the
+//! payload's size, which `decode_batch` checks, with its structure, before any event.
 //! Must not: panic or allocate in proportion to a claimed length.
 
 use super::{describe, Ctx, Fields, Refusal, F};
@@ -260,12 +262,7 @@ impl Ctx<'_, '_> {
         }
     }
 
-    pub(super) fn key_value(
-        &self,
-        h: Head<'_>,
-        r: &mut Reader<'_>,
-        depth: usize,
-    ) -> Result<KeyValue, String> {
+    fn key_value(&self, h: Head<'_>, r: &mut Reader<'_>, depth: usize) -> Result<KeyValue, String> {
         Ok(match h {
             Head::Nil => KeyValue::Nil,
             Head::Bool(b) => KeyValue::Bool(b),
@@ -298,7 +295,7 @@ impl Ctx<'_, '_> {
         })
     }
 
-    pub(super) fn short_string(&self, h: Head<'_>) -> Result<String, String> {
+    fn short_string(&self, h: Head<'_>) -> Result<String, String> {
         match h {
             Head::Str(s) if s.len() > self.limits.max_string_bytes => {
                 Err(format!("is a {}-byte string", s.len()))

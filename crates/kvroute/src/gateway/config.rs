@@ -689,8 +689,16 @@ impl GatewayConfig {
         {
             return Err("shutdown_timeout_secs must be between 0 and 3600".into());
         }
-        if !(self.weights.lambda.is_finite() && self.weights.lambda >= 0.0) {
-            return Err("weights.lambda must be a finite number ≥ 0".into());
+        let w = &self.weights;
+        for (name, v) in [
+            ("lambda", w.lambda),
+            ("tokens_per_request", w.tokens_per_request),
+            ("junction", w.junction),
+            ("cpu_load_us_per_token", w.cpu_load_us_per_token),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("weights.{name} must be a finite number ≥ 0"));
+            }
         }
         if !(self.request_timeout_secs.is_finite() && self.request_timeout_secs > 0.0) {
             return Err("request_timeout_secs must be a positive number of seconds".into());

@@ -60,6 +60,15 @@ fn bad_configs_name_the_offending_field() {
         let e = GatewayConfig::from_toml(&format!("{base}{extra}")).unwrap_err();
         assert!(e.contains(field), "{extra}: {e}");
     }
+    for field in [
+        "lambda",
+        "tokens_per_request",
+        "junction",
+        "cpu_load_us_per_token",
+    ] {
+        let e = GatewayConfig::from_toml(&format!("[weights]\n{field} = -1.0\n")).unwrap_err();
+        assert!(e.contains(&format!("weights.{field}")), "{field}: {e}");
+    }
 }
 
 fn engine_config(toml: &str) -> WorkerConfig {

@@ -1,11 +1,11 @@
 //! The `[weights]` section: the routing cost's weights and switches, and the choices among
 //! its models ([`CostModel`], [`PrefillStall`]).
 //!
-//! Owns: [`PolicyWeights`] with its defaults (each default's reason beside its field) and the
-//! flag spellings of the two choices.
+//! Owns: [`PolicyWeights`] with its defaults and the flag spellings of the two choices.
 //! Invariants: every field has a default, so a partial `[weights]` section (or none) is valid;
 //! unknown fields are refused.
-//! Must not: validate ranges (the gateway's `GatewayConfig::validate` does) or start anything.
+//! Must not: check ranges (`GatewayConfig::validate` refuses a negative or non-finite λ, μ,
+//! per-request load or CPU-tier load cost) or start anything.
 
 use serde::{Deserialize, Serialize};
 
