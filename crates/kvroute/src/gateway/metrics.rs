@@ -3,7 +3,8 @@
 //! Owns: the registry and every metric the gateway publishes: requests and decisions by policy
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
 //! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
-//! given up), hybrid-aware decisions group-blind would see otherwise, decision and proxy latency, worker failures by reason, snapshot writes and loads, connections per listener,
+//! given up), hybrid-aware decisions group-blind would see otherwise, decision and proxy
+//! latency, worker failures by reason, snapshot writes and loads, connections per listener,
 //! discovery refreshes, discovered workers, fleet changes and configuration reloads, plus,
 //! rendered at scrape time, the index's counters and size and the wire intake's counters, and
 //! the front door's per-tenant figures (`TenantMetrics`).
@@ -34,6 +35,8 @@ pub struct Metrics {
     /// Decisions where the chosen worker serves less from cache than the best candidate
     /// offered (load or a junction outweighed the cache), and the cached tokens given up.
     pub cache_overridden: IntCounterVec,
+    /// Hybrid-aware decisions where group-blind's view differs, by kind (`prediction`,
+    /// `best_worker`), and the cached tokens it would promise beyond the exact prediction.
     pub blind_disagreements: IntCounterVec,
     pub blind_overpromised: IntCounter,
     pub cached_forgone: IntCounterVec,
@@ -440,7 +443,6 @@ impl Metrics {
         }
     }
 
-    /// The connection counters of one listener (`front`, `admin`).
     /// Counts where group-blind's view of a hybrid-aware decision (its ranked candidates)
     /// differs from the exact one ([`blind_gap`]).
     pub fn record_blind_gap(&self, ranked: &[Candidate]) {
@@ -458,6 +460,7 @@ impl Metrics {
         self.blind_overpromised.inc_by(gap.overpromised);
     }
 
+    /// The connection counters of one listener (`front`, `admin`).
     pub fn listener(&self, name: &str) -> super::listen::Counts {
         super::listen::Counts {
             open: self.connections_open.with_label_values(&[name]),
