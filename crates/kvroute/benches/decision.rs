@@ -1,26 +1,39 @@
-//! Routing decision time: p50/p99 per decision (request hashing included) for 64 workers and
-//! 8k-token prompts, under each cache policy, with the index's digest cache off and on (a
-//! fresh fleet per policy). Not a pass/fail test; figures go to
-//! docs/benchmarks.md with this command:
+//! Routing decision time: p50/p99 per decision (request hashing included: the gateway's
+//! snapshot of the fleet, then the routing core's ranking) for 64 workers and 8k-token prompts
+//! (or `KVROUTE_BENCH_WORKERS` workers and `KVROUTE_BENCH_TOKENS`-token prompts), under each
+//! cache policy, with the index's digest cache off and on (a fresh fleet per policy). Not a
+//! pass/fail test; figures go to docs/benchmarks.md with these commands:
 //!
 //! ```sh
 //! cargo bench -p kvroute --bench decision
+//! KVROUTE_BENCH_WORKERS=1024 KVROUTE_BENCH_TOKENS=32768 cargo bench -p kvroute --bench decision
 //! ```
 
 use kvroute::gateway::config::{PolicyWeights, WorkerSpec};
-use kvroute::gateway::decide::decide;
-use kvroute::gateway::policy::PolicyKind;
+use kvroute::gateway::decide::{decide_with, prepare, RouteRequest};
 use kvroute::gateway::registry::Registry;
 use kvroute_index::event::{CacheKind, Event, Stored};
 use kvroute_index::hash::cache::DEFAULT_MAX_TOKENS;
 use kvroute_index::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
 use kvroute_index::{BlockExtras, Index};
+use kvroute_route::PolicyKind;
 use std::sync::Arc;
 use std::time::Instant;
 
-const WORKERS: usize = 64;
-const TOKENS: usize = 8192;
 const BLOCK: usize = 16;
+
+/// The fleet's size and the prompts' length: `KVROUTE_BENCH_WORKERS` (default 64) and
+/// `KVROUTE_BENCH_TOKENS` (default 8,192, a multiple of 1,024).
+fn size() -> (usize, usize) {
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let tokens = env("KVROUTE_BENCH_TOKENS", 8192).max(4096) / 1024 * 1024;
+    (env("KVROUTE_BENCH_WORKERS", 64).max(8), tokens)
+}
 
 fn tokens(seed: u64, n: usize) -> Vec<u32> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -52,7 +65,8 @@ fn main() {
         .expect("runtime");
     let _guard = rt.enter();
     let hasher = BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED);
-    println!("decision time, {WORKERS} workers, {TOKENS}-token prompts, block {BLOCK} (full + sliding window 128):");
+    let (workers, tokens_per_prompt) = size();
+    println!("decision time, {workers} workers, {tokens_per_prompt}-token prompts, block {BLOCK} (full + sliding window 128):");
     // Without the digest cache every decision hashes its whole request; with it (the default),
     // a request repeating a prefix seen before hashes only its new blocks (here after the
     // first round of 64 requests: each continues one worker's prompt with 64 new tokens).
@@ -67,9 +81,9 @@ fn main() {
             PolicyKind::LeastLoad,
         ] {
             // A fresh fleet and index per policy: each starts from a cold cache.
-            let (registry, prompts) = fleet(&hasher, cache_tokens);
+            let (registry, prompts) = fleet(&hasher, cache_tokens, workers, tokens_per_prompt);
             let requests = (0..400).map(|i| {
-                let mut req = prompts[i % WORKERS].clone();
+                let mut req = prompts[i % workers].clone();
                 req.extend(tokens(i as u64 + 77, 64));
                 req
             });
@@ -77,22 +91,22 @@ fn main() {
         }
         // Prompts never seen (no reuse at all; hybrid-aware): what keeping their blocks costs
         // (the cache starts a new generation about every 127 of them).
-        let (registry, _) = fleet(&hasher, cache_tokens);
-        let requests = (0..200).map(|i| tokens(1_000_000 + i as u64, TOKENS + 64));
+        let (registry, _) = fleet(&hasher, cache_tokens, workers, tokens_per_prompt);
+        let requests = (0..200).map(|i| tokens(1_000_000 + i as u64, tokens_per_prompt + 64));
         time_decisions(&registry, PolicyKind::HybridAware, "unseen", requests);
     }
     // Hashing alone, for context.
-    let prompts: Vec<Vec<u32>> = (0..WORKERS).map(prompt).collect();
+    let prompts: Vec<Vec<u32>> = (0..8).map(|w| prompt(w, tokens_per_prompt)).collect();
     let mut times = Vec::new();
     for i in 0..100 {
         let t = Instant::now();
-        let c = hasher.chain(&prompts[i % WORKERS], BLOCK, &BlockExtras::default());
+        let c = hasher.chain(&prompts[i % 8], BLOCK, &BlockExtras::default());
         times.push(t.elapsed().as_secs_f64() * 1e6);
-        assert_eq!(c.len(), TOKENS / BLOCK);
+        assert_eq!(c.len(), tokens_per_prompt / BLOCK);
     }
     times.sort_by(f64::total_cmp);
     println!(
-        "  sha256 chain of one 8k prompt alone: p50 {:.1} µs",
+        "  sha256 chain of one {tokens_per_prompt}-token prompt alone: p50 {:.1} µs",
         times[times.len() / 2]
     );
 }
@@ -109,9 +123,12 @@ fn time_decisions(
     let mut times = Vec::new();
     for (i, req) in requests.enumerate() {
         let t = Instant::now();
-        let r = decide(
-            registry, &workers, &req, None, false, policy, &weights, i as u64, false,
-        );
+        prepare(registry, &workers, policy, &weights);
+        let route = RouteRequest {
+            rr: i as u64,
+            ..RouteRequest::base(registry, &req)
+        };
+        let r = decide_with(registry, &workers, route, policy, &weights);
         times.push(t.elapsed().as_secs_f64() * 1e6);
         assert!(!r.order.is_empty());
     }
@@ -125,25 +142,30 @@ fn time_decisions(
     );
 }
 
-/// Worker `w`'s prompt: a 2k system prompt shared by 8 workers, then its own.
-fn prompt(w: usize) -> Vec<u32> {
+/// Worker `w`'s prompt of `n` tokens: a 2k system prompt shared by 8 workers, then its own.
+fn prompt(w: usize, n: usize) -> Vec<u32> {
     let mut p = tokens(1000 + (w / 8) as u64, 2048);
-    p.extend(tokens(w as u64, TOKENS - 2048));
+    p.extend(tokens(w as u64, n - 2048));
     p
 }
 
-/// A registry of `WORKERS` workers, each holding its prompt, over an index whose digest cache
-/// keeps `cache_tokens`; with the prompts.
-fn fleet(hasher: &BlockHasher, cache_tokens: usize) -> (Registry, Vec<Vec<u32>>) {
+/// A registry of `workers` workers, each holding its prompt of `n` tokens, over an index whose
+/// digest cache keeps `cache_tokens`; with the prompts.
+fn fleet(
+    hasher: &BlockHasher,
+    cache_tokens: usize,
+    workers: usize,
+    n: usize,
+) -> (Registry, Vec<Vec<u32>>) {
     let index = Arc::new(Index::with_digest_cache(cache_tokens));
     let registry = Registry::new(index.clone());
     let mut prompts = Vec::new();
-    for w in 0..WORKERS {
-        let name = format!("w{w:02}");
+    for w in 0..workers {
+        let name = format!("w{w:04}");
         registry
             .add(WorkerSpec::new(&name, "http://127.0.0.1:9", "m"))
             .expect("add");
-        let p = prompt(w);
+        let p = prompt(w, n);
         let chain: Vec<u64> = hasher
             .chain(&p, BLOCK, &BlockExtras::default())
             .iter()

@@ -4,9 +4,9 @@
 //! Must not: hold logic that a library crate should own.
 
 use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
-use kvroute::gateway::policy::PolicyKind;
 use kvroute::gateway::{reload, Gateway};
 use kvroute::{capture, conformance, events, explain, tokens};
+use kvroute_route::PolicyKind;
 
 mod bench_cmd;
 mod sim;

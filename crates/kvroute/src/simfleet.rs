@@ -16,9 +16,9 @@
 use crate::gateway::config::{
     CostModel, GatewayConfig, KvEventsSpec, PolicyWeights, Role, WorkerSpec,
 };
-use crate::gateway::policy::PolicyKind;
 use crate::gateway::{Gateway, GatewayHandle};
 use anyhow::Result;
+use kvroute_route::PolicyKind;
 use std::time::Duration;
 
 /// What to start.

@@ -21,10 +21,10 @@ pub mod engine;
 pub mod report;
 pub mod workload;
 
-use crate::gateway::policy::PolicyKind;
 use crate::simfleet::{self, FleetShape, PdLayout, SimGateway};
 use anyhow::{bail, Context, Result};
 use client::{Api, ClientOptions, PromptFormat};
+use kvroute_route::PolicyKind;
 use report::TargetReport;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -16,9 +16,9 @@ pub mod plot;
 pub mod report;
 pub mod trace;
 
-use crate::gateway::policy::PolicyKind;
 use anyhow::{Context, Result};
 use futures_util::StreamExt;
+use kvroute_route::PolicyKind;
 use report::{PolicyResult, Sample};
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -9,8 +9,7 @@
 //! Must not: be reachable without the token when a token is set.
 
 use super::config::WorkerSpec;
-use super::decide::{candidates_for, decide_with};
-use super::policy::PolicyKind;
+use super::decide::{candidates_for, decide_with, RouteRequest};
 use super::proxy::error;
 use super::registry::{Registry, RegistryError};
 use super::reload::ReloadError;
@@ -21,6 +20,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use kvroute_route::PolicyKind;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -189,18 +189,23 @@ pub async fn explain(State(st): State<Arc<AppState>>, Json(b): Json<ExplainBody>
         skip_prefix_cache: false,
     };
     let predictions = st.registry.index.predict_all(&q);
+    // A pure read: no placement's readings are brought up to date and nothing is recorded,
+    // so asking changes nothing the next request gets.
+    let req = RouteRequest {
+        tokens: &b.tokens,
+        extras,
+        skip_prefix_cache: false,
+        follow_up: st.registry.follow_ups.extends_earlier(&b.tokens),
+        max_tokens: None,
+        rr: 0,
+        evidence: true,
+    };
     let ranked = decide_with(
         &st.registry,
         &workers,
-        &b.tokens,
-        extras,
-        false,
-        st.registry.follow_ups.extends_earlier(&b.tokens),
-        None,
+        req,
         st.policy(),
         &st.config().weights,
-        0,
-        true,
     );
     Json(json!({"predictions": predictions, "decision": ranked.decision})).into_response()
 }

@@ -109,47 +109,7 @@ impl Arrivals {
         }
     }
 }
-
-/// The wait a request's own prefill (`own_ms`, milliseconds of the worker's time) adds to
-/// the requests reaching its worker (`per_ms` requests per millisecond) before its first
-/// token, `ttft_ms` from now: `own_ms × per_ms × ttft_ms`.
-pub fn delay_to_others_ms(own_ms: f64, per_ms: f64, ttft_ms: f64) -> f64 {
-    let x = own_ms.max(0.0) * per_ms.max(0.0) * ttft_ms.max(0.0);
-    if x.is_finite() {
-        x
-    } else {
-        0.0
-    }
-}
-
-/// The wait a placement adds to the requests that reach the fleet (`per_ms` requests per
-/// millisecond, all workers together) while its least-loaded worker drains, if each of them
-/// goes where it waits least and brings no work of its own: `per_ms · (m'² − m²) / 2`, where
-/// `m` is the smallest of `waits` (each worker's wait now, ms) and `m'` the smallest once
-/// worker `at` has `own_ms` more. 0 where the placement leaves the smallest wait as it is.
-/// A wait that is not a finite number counts as no worker.
-pub fn next_arrivals_ms(waits: &[f64], at: usize, own_ms: f64, per_ms: f64) -> f64 {
-    let own = if own_ms.is_finite() {
-        own_ms.max(0.0)
-    } else {
-        0.0
-    };
-    let (mut before, mut after) = (f64::INFINITY, f64::INFINITY);
-    for (i, w) in waits.iter().enumerate() {
-        if !w.is_finite() {
-            continue;
-        }
-        let w = w.max(0.0);
-        before = before.min(w);
-        after = after.min(if i == at { w + own } else { w });
-    }
-    let x = per_ms.max(0.0) * (after * after - before * before) / 2.0;
-    if x.is_finite() {
-        x.max(0.0)
-    } else {
-        0.0
-    }
-}
+pub use kvroute_route::terms::{delay_to_others_ms, next_arrivals_ms};
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! Gateway configuration: the TOML file and the worker specs, in vLLM's own vocabulary.
 //!
 //! Owns: `GatewayConfig` (listen addresses, policy and weights — the `[weights]` section is
-//! [`PolicyWeights`], in `weights` —, limits, admin token, snapshot and shutdown settings, the
+//! [`PolicyWeights`], plain data of the routing core (`kvroute_route::config`) —, limits, admin token, snapshot and shutdown settings, the
 //! front door's tenants ([`super::tenants::TenantSpec`], validated there), the drain timeout,
 //! the `[discovery]` section, [`super::discovery`]) and `WorkerSpec` (HTTP URL, model,
 //! `kv_events` endpoint/replay/topic like vLLM's `--kv-events-config`, DP size, hash settings
@@ -11,17 +11,16 @@
 //! Must not: start anything.
 
 use super::discovery::DiscoveryConfig;
-use super::policy::PolicyKind;
 use super::tenants::{self, TenantSpec};
 use kvroute_index::tier::OffloadConnector;
 use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
+use kvroute_route::PolicyKind;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-mod weights;
-pub use weights::{CostModel, PolicyWeights, PrefillStall};
+pub use kvroute_route::config::{CostModel, PolicyWeights, PrefillStall};
 
 /// vLLM's `--kv-events-config`, as the engine was started with it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

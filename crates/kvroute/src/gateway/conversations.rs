@@ -18,16 +18,13 @@
 //! expected or nothing learned yet, and grows with the live conversations.
 //! Must not: read the index or sockets; the caller brings times and numbers.
 
+use kvroute_route::terms::faded;
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 /// Weight of the newest observation in the turn cycle and the follow-up prefill: the same
 /// forgetting as the follow-up fraction (about the last 350 follow-ups).
 const WEIGHT: f64 = 1.0 - super::ttft::FORGET;
-/// The utilisation past which the queueing model stops following `1 / (1 − ρ)` (a queue that
-/// grows without bound): beyond it the wait grows along its tangent, finite and convex.
-pub const RHO_MAX: f64 = 0.95;
-
 #[derive(Debug, Default)]
 struct Means {
     gap_ms: Option<f64>,
@@ -78,65 +75,33 @@ pub struct Live {
     inner: Mutex<Option<(f64, Instant)>>,
 }
 
-fn faded(weight: f64, since: Duration, life_ms: f64) -> f64 {
-    if life_ms <= 0.0 || !life_ms.is_finite() {
-        return 0.0;
-    }
-    weight * (-(since.as_secs_f64() * 1e3) / life_ms).exp()
-}
-
 impl Live {
     /// A conversation started (or moved) here at `now`; `life_ms` is a conversation's
     /// expected remaining life.
     pub fn add(&self, now: Instant, life_ms: f64) {
         let mut g = self.inner.lock();
         let before = g.map_or(0.0, |(w, t)| {
-            faded(w, now.saturating_duration_since(t), life_ms)
+            let age_ms = now.saturating_duration_since(t).as_secs_f64() * 1e3;
+            faded(w, age_ms, life_ms)
         });
         *g = Some((before + 1.0, now.max(g.map_or(now, |(_, t)| t))));
     }
 
     /// The expected number of conversations still living here at `now`.
     pub fn count(&self, now: Instant, life_ms: f64) -> f64 {
-        self.inner.lock().map_or(0.0, |(w, t)| {
-            faded(w, now.saturating_duration_since(t), life_ms)
-        })
+        self.facts(now)
+            .map_or(0.0, |(w, age_ms)| faded(w, age_ms, life_ms))
     }
-}
 
-/// The mean wait of a follow-up in a queue kept busy a fraction `rho` by follow-ups of `s`
-/// ms each: `s · ρ / (2 · (1 − ρ))`, continued along its tangent past [`RHO_MAX`].
-pub fn follow_up_wait_ms(rho: f64, s: f64) -> f64 {
-    if !rho.is_finite() || !s.is_finite() || s <= 0.0 {
-        return 0.0;
-    }
-    let r = rho.max(0.0);
-    if r <= RHO_MAX {
-        return s * r / (2.0 * (1.0 - r));
-    }
-    let at = s * RHO_MAX / (2.0 * (1.0 - RHO_MAX));
-    let slope = s / (2.0 * (1.0 - RHO_MAX) * (1.0 - RHO_MAX));
-    at + slope * (r - RHO_MAX)
-}
-
-/// What one more conversation on a worker with `live` conversations costs the later turns
-/// there, its own and theirs, over `k` expected follow-ups (turn cycle `gap`, follow-up
-/// prefill `s`, both ms): `k · (W(L·ρ₁) + L · (W(L·ρ₁) − W((L−1)·ρ₁)))`, and its own part.
-pub fn conversation_cost_ms(live: f64, k: f64, gap: f64, s: f64) -> (f64, f64) {
-    if !(k > 0.0 && gap > 0.0 && s > 0.0 && live.is_finite()) {
-        return (0.0, 0.0);
-    }
-    let l = live.max(0.0);
-    let rho1 = s / gap;
-    let own = follow_up_wait_ms(l * rho1, s);
-    let theirs = l * (own - follow_up_wait_ms((l - 1.0).max(0.0) * rho1, s));
-    let cost = k * (own + theirs.max(0.0));
-    if cost.is_finite() {
-        (cost, k * own)
-    } else {
-        (0.0, 0.0)
+    /// The conversations added here and how long ago the last was (ms), before fading: what
+    /// [`Live::count`] fades with a conversation's expected life.
+    pub fn facts(&self, now: Instant) -> Option<(f64, f64)> {
+        self.inner
+            .lock()
+            .map(|(w, t)| (w, now.saturating_duration_since(t).as_secs_f64() * 1e3))
     }
 }
+pub use kvroute_route::terms::{conversation_cost_ms, follow_up_wait_ms, RHO_MAX};
 
 #[cfg(test)]
 mod tests {

@@ -1,54 +1,32 @@
-//! One routing decision: candidates, predictions, ranking, and the evidence to show for it.
+//! One routing decision from the fleet's state: the snapshot the routing core decides from,
+//! the core's decision mapped back onto workers, and the placement's observations.
 //!
-//! Owns: turning (request tokens, salt, model) into a ranked candidate list under the
-//! configured policy, from the index's routing prediction (the ranks that hit; a worker not
-//! listed hits 0) and the registry's load figures; feeding each candidate's eviction model
-//! the index's eviction figures when its refresh is due; and the `x-kvroute-decision` evidence.
+//! Owns: [`snapshot`] (every candidate's figures read once: the index's routing prediction —
+//! the ranks that hit, a worker not listed hits 0 —, the in-flight forecast, the queue, the
+//! running requests, the learned models' current figures), [`decide_with`] (snapshot →
+//! [`kvroute_route::decide`] → the ranked workers, the per-group evidence asked for, the
+//! decision log), [`prepare`] (the readings a placement brings up to date before it is decided:
+//! each candidate's queue drain rate, its eviction figures when their refresh is due) and the
+//! placement's records ([`record_placement`], [`record_least_loaded`]).
 //! Invariants: only routable workers serving the model are candidates; a worker's prediction
-//! is the best of its DP ranks (the engine's own balancer picks the rank).
-//! Must not: send anything upstream.
+//! is the best of its DP ranks (the engine's own balancer picks the rank); `snapshot` and
+//! `decide_with` change nothing (`/admin/explain` calls them), only `prepare` and the records
+//! do, and only the proxy calls those.
+//! Must not: send anything upstream, or rank: the ranking is the core's.
 
-use super::arrivals::{delay_to_others_ms, next_arrivals_ms};
-use super::config::{CostModel, PolicyWeights, PrefillStall};
-use super::conversations::conversation_cost_ms;
-use super::decoding::{decode_interference_ms, prefill_stall_ms};
-use super::eviction::eviction_ms;
-use super::pending::{prompt_checkpoint, Forecast, Prompt};
-use super::policy::{junction_credit, rank, Candidate, PolicyKind};
+use super::config::PolicyWeights;
+use super::pending::{Forecast, Prompt};
 use super::registry::{Registry, Worker};
-use super::ttft::Work;
-use kvroute_index::rules::GroupEvidence;
 use kvroute_index::{BlockExtras, Params, Query};
-use serde::Serialize;
+use kvroute_route::{
+    Candidate, FleetFacts, LiveFacts, Outlook, PolicyKind, RequestFacts, Snapshot, WorkerFacts,
+};
 use std::collections::HashMap;
+use std::io::Write;
 use std::sync::Arc;
+use std::time::Instant;
 
-#[derive(Clone, Debug, Serialize)]
-pub struct Decision {
-    pub policy: &'static str,
-    pub worker: String,
-    pub prompt_tokens: usize,
-    pub predicted_cached: u64,
-    /// The part of `predicted_cached` the chosen worker's CPU tier serves (loaded before the
-    /// prefill; the rest is the device hit).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub predicted_tier: u64,
-    /// The chosen worker's predicted time to first token (ms, the gateway's clock).
-    pub predicted_ttft_ms: f64,
-    /// The most any candidate was predicted to serve from cache (what load or a junction
-    /// outweighed when it exceeds `predicted_cached`).
-    pub best_cached: u64,
-    /// Further requests this one's conversation is expected to bring (the horizon of
-    /// `later_turns_ms`).
-    pub follow_ups: f64,
-    /// Each group of the chosen worker's best rank, alone (when evidence was asked for).
-    pub groups: Vec<GroupEvidence>,
-    pub candidates: Vec<Candidate>,
-    pub decision_us: u64,
-    /// Disaggregated serving: the prefill leg's decision (this one is the decode leg's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prefill: Option<Box<Decision>>,
-}
+pub use kvroute_route::Decision;
 
 /// A worker's best DP rank as the index predicts it.
 #[derive(Clone, Copy)]
@@ -63,22 +41,45 @@ struct Best {
     params: Option<Params>,
 }
 
-/// A hybrid-aware candidate's outlook with its in-flight prompts counted.
-#[derive(Clone, Copy, Default)]
-struct Outlook {
-    /// Cached tokens once the in-flight prompts are stored (at least the index's figure).
-    forecast: u64,
-    /// Full-attention prefix, likewise.
-    prefix: u64,
-    align: u64,
-    junction: u64,
-}
-
 pub struct Ranked<'a> {
     pub order: Vec<Arc<Worker>>,
     /// The request as recorded in flight on the chosen worker (hybrid-aware only).
     pub prompt: Option<Prompt<'a>>,
     pub decision: Decision,
+}
+
+/// One request as the decision sees it.
+#[derive(Clone, Debug)]
+pub struct RouteRequest<'a> {
+    pub tokens: &'a [u32],
+    /// Its salt and LoRA adapter key, hashed into every block.
+    pub extras: BlockExtras,
+    pub skip_prefix_cache: bool,
+    /// It extends an earlier prompt (the caller asked the follow-up tracker,
+    /// [`super::sessions::FollowUps`]).
+    pub follow_up: bool,
+    /// Its cap on its answer.
+    pub max_tokens: Option<u64>,
+    /// The request counter (equal candidates take turns by it).
+    pub rr: u64,
+    /// Whether per-group evidence is computed (for the chosen worker only).
+    pub evidence: bool,
+}
+
+impl<'a> RouteRequest<'a> {
+    /// A base-model request (no salt, no adapter) whose follow-up status the tracker tells
+    /// without recording it.
+    pub fn base(registry: &Registry, tokens: &'a [u32]) -> RouteRequest<'a> {
+        RouteRequest {
+            tokens,
+            extras: BlockExtras::default(),
+            skip_prefix_cache: false,
+            follow_up: registry.follow_ups.extends_earlier(tokens),
+            max_tokens: None,
+            rr: 0,
+            evidence: false,
+        }
+    }
 }
 
 pub fn candidates_for(registry: &Registry, model: &str) -> Vec<Arc<Worker>> {
@@ -89,77 +90,151 @@ pub fn candidates_for(registry: &Registry, model: &str) -> Vec<Arc<Worker>> {
         .collect()
 }
 
-/// Ranks `workers` for a base-model request (no LoRA adapter): `decide_with` its salt, and
-/// whether it extends an earlier prompt as the follow-up tracker holds it (without recording it).
-#[allow(clippy::too_many_arguments)]
-pub fn decide<'a>(
+/// Brings the readings a placement is decided on up to date (the proxy calls it before each
+/// decision it acts on; `/admin/explain` does not): each candidate's queue drains at the rate
+/// its TTFT model now predicts with (or not at all with `weights.queue_drain` off), and with
+/// the eviction charge on, its re-prefill rate takes the index's figures when its refresh is
+/// due.
+pub fn prepare(
     registry: &Registry,
     workers: &[Arc<Worker>],
-    tokens: &'a [u32],
-    salt: Option<String>,
-    skip_prefix_cache: bool,
     policy: PolicyKind,
     weights: &PolicyWeights,
-    rr: u64,
-    evidence: bool,
-) -> Ranked<'a> {
-    let extras = BlockExtras {
-        cache_salt: salt,
-        lora: None,
-    };
-    let follow_up = registry.follow_ups.extends_earlier(tokens);
-    decide_with(
-        registry,
-        workers,
-        tokens,
-        extras,
-        skip_prefix_cache,
-        follow_up,
-        None,
-        policy,
-        weights,
-        rr,
-        evidence,
-    )
+) {
+    let now = Instant::now();
+    for w in workers {
+        let rate = if weights.queue_drain {
+            w.ttft.model(&registry.fleet_ttft).ms_per_token()
+        } else {
+            0.0
+        };
+        w.set_prefill_ms_per_token(rate);
+        if weights.eviction && policy.uses_cache() && w.eviction.claim(now) {
+            let requests = w.bookings_total.load(std::sync::atomic::Ordering::Relaxed);
+            w.eviction
+                .observe(now, registry.index.eviction_stats(&w.id), requests);
+        }
+    }
 }
 
-/// Ranks `workers` for a request hashed with `extras` (its salt and LoRA adapter key);
-/// `follow_up`: whether it extends an earlier prompt (the caller asked the follow-up tracker,
-/// [`super::sessions::FollowUps`]); `max_tokens`: the request's cap on its answer. The request is hashed once; per-group evidence is computed
-/// (for the chosen worker only) when `evidence` is set.
-#[allow(clippy::too_many_arguments)]
+/// Ranks `workers` for `req` under `policy`: the snapshot, the core's decision, the ranked
+/// workers, and the per-group evidence of the chosen worker's best rank when asked for.
 pub fn decide_with<'a>(
     registry: &Registry,
     workers: &[Arc<Worker>],
-    tokens: &'a [u32],
-    extras: BlockExtras,
-    skip_prefix_cache: bool,
-    follow_up: bool,
-    max_tokens: Option<u64>,
+    req: RouteRequest<'a>,
     policy: PolicyKind,
     weights: &PolicyWeights,
-    rr: u64,
-    evidence: bool,
 ) -> Ranked<'a> {
-    let start = std::time::Instant::now();
-    let q = Query {
-        tokens: tokens.to_vec(),
-        extras,
-        skip_prefix_cache,
+    let start = Instant::now();
+    let taken = snapshot(registry, workers, &req, policy, weights, start);
+    let facts = RequestFacts {
+        tokens: req.tokens.len() as u64,
+        follow_up: req.follow_up,
+        max_tokens: req.max_tokens,
+        rr: req.rr,
     };
-    let n = tokens.len() as u64;
+    let mut decision = kvroute_route::decide(policy, weights, &facts, &taken.snapshot);
+    let order: Vec<Arc<Worker>> = decision
+        .candidates
+        .iter()
+        .filter_map(|c| workers.iter().find(|w| w.spec.name == c.worker).cloned())
+        .collect();
+    decision.decision_us = start.elapsed().as_micros() as u64;
+    log_decision(policy, weights, &facts, &taken.snapshot, &decision);
+    if req.evidence && policy.uses_cache() {
+        if let (Some(c), Some(w)) = (decision.candidates.first(), order.first()) {
+            let rank = taken.ranks.get(c.worker.as_str()).copied().unwrap_or(0);
+            decision.groups = registry.index.predict(&w.id, rank, &taken.query).groups;
+        }
+    }
+    Ranked {
+        order,
+        prompt: taken.prompt,
+        decision,
+    }
+}
+
+/// A snapshot and what the gateway keeps beside it for after the decision.
+pub struct Taken<'a> {
+    pub snapshot: Snapshot,
+    /// The request as the index and the in-flight records see it.
+    pub query: Query,
+    pub prompt: Option<Prompt<'a>>,
+    /// Each predicted worker's best DP rank.
+    pub ranks: HashMap<String, u32>,
+}
+
+/// The fleet's figures and every candidate's as of `now`, read once, for `req` under `policy`:
+/// the same state and `now` give the same snapshot.
+pub fn snapshot<'a>(
+    registry: &Registry,
+    workers: &[Arc<Worker>],
+    req: &RouteRequest<'a>,
+    policy: PolicyKind,
+    weights: &PolicyWeights,
+    now: Instant,
+) -> Taken<'a> {
+    let query = Query {
+        tokens: req.tokens.to_vec(),
+        extras: req.extras.clone(),
+        skip_prefix_cache: req.skip_prefix_cache,
+    };
+    let best = best_ranks(registry, workers, &query, policy);
+    let prompt =
+        (policy == PolicyKind::HybridAware).then(|| Prompt::new(req.tokens, &query.extras));
+    let facts: Vec<WorkerFacts> = workers
+        .iter()
+        .map(|w| {
+            let b = best.get(w.spec.name.as_str());
+            let outlook = match (&prompt, b) {
+                (Some(p), Some(b)) => outlook(w, p, b, req.skip_prefix_cache),
+                _ => None,
+            };
+            worker_facts(registry, w, b, outlook, weights, now)
+        })
+        .collect();
+    let fleet = FleetFacts {
+        follow_ups: registry.follow_ups.expected(),
+        cycle: registry.turns.cycle(),
+        output_mean: registry.output_tokens.mean(),
+        least_loaded_share: registry.least_loaded.share(),
+    };
+    let ranks = best
+        .iter()
+        .map(|(name, b)| (name.to_string(), b.rank))
+        .collect();
+    Taken {
+        snapshot: Snapshot {
+            fleet,
+            workers: facts,
+        },
+        query,
+        prompt,
+        ranks,
+    }
+}
+
+/// Each worker's best DP rank under the policy's view: only the ranks that hit are listed by
+/// the index (one walk of the request through its shared store); hybrid-aware also lists a
+/// worker that hits nothing with its lookup parameters (for the checkpoints the request would
+/// leave there and the forecast of a sibling it may be prefilling).
+fn best_ranks<'w>(
+    registry: &Registry,
+    workers: &'w [Arc<Worker>],
+    q: &Query,
+    policy: PolicyKind,
+) -> HashMap<&'w str, Best> {
+    let n = q.tokens.len() as u64;
     let mut best: HashMap<&str, Best> = HashMap::new();
     let by_id: HashMap<&str, &str> = workers
         .iter()
         .map(|w| (&*w.id, w.spec.name.as_str()))
         .collect();
-    let hybrid = policy == PolicyKind::HybridAware;
     if policy.uses_cache() {
-        // Only the ranks that hit are listed (the rest predict 0): one walk of the request
-        // through the index's shared store, not one visit per rank.
-        for p in registry.index.predict_hits(&q) {
+        let blind_view = policy == PolicyKind::GroupBlind;
+        for p in registry.index.predict_hits(q) {
             let blind = p.group_blind.min(n.saturating_sub(1));
-            let blind_view = policy == PolicyKind::GroupBlind;
             let row = Best {
                 cached: if blind_view { blind } else { p.cached },
                 tier: if blind_view { 0 } else { p.tier },
@@ -175,14 +250,7 @@ pub fn decide_with<'a>(
             }
         }
     }
-    // Hybrid-aware: what each worker will hold once its in-flight prompts are stored, and the
-    // junction credit on top of the best the fleet can serve (now or once those are stored).
-    let mut outlooks: HashMap<&str, Outlook> = HashMap::new();
-    let prompt = hybrid.then(|| Prompt::new(tokens, &q.extras));
-    if prompt.is_some() {
-        // A worker that hits nothing still needs its lookup parameters: for the checkpoints
-        // this request would leave there, and for the forecast of a sibling it may be
-        // prefilling.
+    if policy == PolicyKind::HybridAware {
         for w in workers {
             let name = w.spec.name.as_str();
             if best.contains_key(name) {
@@ -200,222 +268,104 @@ pub fn decide_with<'a>(
             }
         }
     }
-    if let Some(prompt) = &prompt {
-        for w in workers {
-            let name = w.spec.name.as_str();
-            let Some(b) = best.get(name) else { continue };
-            let Some(params) = b.params else { continue };
-            let align = u64::from(params.align).max(1);
-            // A request that skips the prefix cache reuses nothing, whatever is in flight.
-            let mut f = if skip_prefix_cache {
-                Forecast::default()
-            } else {
-                w.pending.forecast(prompt, align, params.unitary)
-            };
-            if params.eagle && f.cached > 0 {
-                // The engine drops part of a hit to re-verify it; the forecast drops one
-                // alignment unit (the index drops `min(align, block)` and re-aligns).
-                f.cached = (f.cached - align) / align * align;
-            }
-            outlooks.insert(
-                name,
-                Outlook {
-                    forecast: f.cached.max(b.cached),
-                    prefix: f.prefix.max(b.blind),
-                    align,
-                    junction: 0,
-                },
-            );
-        }
-        let fleet_best = outlooks.values().map(|o| o.forecast).max().unwrap_or(0);
-        for o in outlooks.values_mut() {
-            o.junction = junction_credit(o.prefix, o.forecast, fleet_best);
-        }
+    best
+}
+
+/// A hybrid-aware candidate's outlook: what it will hold once its in-flight prompts are stored
+/// (at least the index's figure; nothing counts for a request that skips the prefix cache).
+fn outlook(w: &Worker, prompt: &Prompt<'_>, b: &Best, skip: bool) -> Option<Outlook> {
+    let params = b.params?;
+    let align = u64::from(params.align).max(1);
+    let mut f = if skip {
+        Forecast::default()
+    } else {
+        w.pending.forecast(prompt, align, params.unitary)
+    };
+    if params.eagle && f.cached > 0 {
+        // The engine drops part of a hit to re-verify it; the forecast drops one alignment
+        // unit (the index drops `min(align, block)` and re-aligns).
+        f.cached = (f.cached - align) / align * align;
     }
-    // Where a conversation starts, its later turns follow: a new conversation is priced with
-    // the wait each candidate's load will add to them. A follow-up's conversation already
-    // lives where its history is cached; moving it would re-prefill and re-store that history
-    // (what that pushes out is the eviction charge's, off by default; the history left behind
-    // is not priced),
-    // so it is ranked by its own TTFT.
-    let follow_ups = if policy.uses_cache() && !follow_up {
-        registry.follow_ups.expected()
+    Some(Outlook {
+        forecast: f.cached.max(b.cached),
+        prefix: f.prefix.max(b.blind),
+        align,
+    })
+}
+
+/// One worker's figures at `now`: its queue drained at its model's current rate (what
+/// [`prepare`] sets for the bookings), running requests, model coefficients, request rate,
+/// live conversations, decode figures and re-prefill rate.
+fn worker_facts(
+    registry: &Registry,
+    w: &Worker,
+    b: Option<&Best>,
+    outlook: Option<Outlook>,
+    weights: &PolicyWeights,
+    now: Instant,
+) -> WorkerFacts {
+    let model = w.ttft.model(&registry.fleet_ttft);
+    let drain = if weights.queue_drain {
+        model.ms_per_token()
     } else {
         0.0
     };
-    // A new conversation's later turns meet the conversations living on each worker, and
-    // theirs meet it (`conversations.rs`).
-    let now = std::time::Instant::now();
-    let cycle = registry.turns.cycle().filter(|_| follow_ups > 0.0);
-    let life_ms = cycle.map_or(0.0, |(gap, _)| follow_ups * gap);
-    // Its decode shares every step with the requests running where it goes.
-    let output_tokens = if policy.uses_cache() {
-        registry.output_tokens.expected(max_tokens)
-    } else {
-        0.0
-    };
-    // What the requests running there have left is spread up to the fleet's mean answer.
-    let mean_output = registry.output_tokens.mean().unwrap_or(output_tokens);
-    let mut cands: Vec<Candidate> = workers
-        .iter()
-        .map(|w| {
-            let name = w.spec.name.as_str();
-            let b = best.get(name);
-            let cached = b.map_or(0, |b| b.cached);
-            let tier = b.map_or(0, |b| b.tier);
-            // The tier's part is loaded, not computed: it costs its transfer before the prefill.
-            let tier_load_ms = tier as f64 * weights.cpu_load_us_per_token / 1000.0;
-            let o = outlooks.get(name).copied().unwrap_or_default();
-            let checkpoints = if o.align > 0 {
-                let junction = if o.prefix > o.forecast { o.prefix } else { 0 };
-                [prompt_checkpoint(n, o.align), junction]
-            } else {
-                [0, 0]
-            };
-            let forecast_cached = o.forecast.saturating_sub(cached);
-            let expected = n.saturating_sub(cached + forecast_cached);
-            // The queue ahead drains at the rate the prediction uses (before it is read).
-            let model = w.ttft.model(&registry.fleet_ttft);
-            let ms_per_token = model.ms_per_token();
-            w.set_prefill_ms_per_token(if weights.queue_drain {
-                ms_per_token
-            } else {
-                0.0
-            });
-            let work = Work::new(w.queued_tokens(), n - expected, expected, w.running());
-            let device_ttft_ms = model.predict(&work.features());
-            let predicted_ttft_ms = device_ttft_ms + tier_load_ms;
-            let (load_delay_ms, busy_ms) = load_delay_ms(registry, w, &work);
-            let own_ms = (predicted_ttft_ms - busy_ms).max(0.0);
-            // The requests reaching the worker before this one's first token queue behind it.
-            let rate = if policy.uses_cache() {
-                w.arrivals.per_ms(now)
-            } else {
-                0.0
-            };
-            let delay_to_others_ms = delay_to_others_ms(own_ms, rate, predicted_ttft_ms);
-            // Later turns meet the load the worker has been showing (not the queue of this
-            // instant, which will have drained by then) or, if larger, the turns of the
-            // conversations living there; and theirs wait for this conversation's.
-            let live = if cycle.is_some() {
-                w.live.count(now, life_ms)
-            } else {
-                0.0
-            };
-            let (conversation_ms, own_turns_ms) = cycle.map_or((0.0, 0.0), |(gap, s)| {
-                conversation_cost_ms(live, follow_ups, gap, s)
-            });
-            let later_turns_ms = conversation_ms - own_turns_ms
-                + (follow_ups * w.ttft.load_wait_ms()).max(own_turns_ms);
-            // This answer decodes beside the requests running there now; a new conversation's
-            // `k` later turns (a follow-up's `k` is 0) beside as many as have recently run there.
-            let delta = w.decode.delta(&registry.fleet_decode);
-            let decode_interference_ms =
-                decode_interference_ms(delta, output_tokens, mean_output, w.running() as f64)
-                    + follow_ups
-                        * decode_interference_ms(
-                            delta,
-                            output_tokens,
-                            mean_output,
-                            w.decode.mean_running(),
-                        );
-            // Each of a new conversation's later turns lengthens, with its prefill's chunks,
-            // the steps of the requests running there then; with `all`, so does this
-            // request's own prefill those in flight now (those queued ahead of it are decoding
-            // by the time its chunks run; a tier's load is a transfer beside the steps, not
-            // compute in them).
-            let later_stall_ms = || {
-                cycle.map_or(0.0, |(_, s)| {
-                    follow_ups * prefill_stall_ms(s, w.decode.mean_running())
-                })
-            };
-            let prefill_stall_ms = match weights.prefill_stall {
-                PrefillStall::Off => 0.0,
-                PrefillStall::LaterTurns => later_stall_ms(),
-                PrefillStall::All => {
-                    later_stall_ms()
-                        + prefill_stall_ms((own_ms - tier_load_ms).max(0.0), w.running() as f64)
-                }
-            };
-            // With the eviction charge on (the index then keeps the figures), the worker's
-            // re-prefill rate is learned under every cache policy; what this request's
-            // uncached tokens push out of a full pool at that rate is charged under the ttft
-            // cost.
-            if weights.eviction && policy.uses_cache() && w.eviction.claim(now) {
-                let requests = w.bookings_total.load(std::sync::atomic::Ordering::Relaxed);
-                w.eviction
-                    .observe(now, registry.index.eviction_stats(&w.id), requests);
-            }
-            let eviction_ms =
-                if weights.eviction && weights.cost == CostModel::Ttft && policy.uses_cache() {
-                    eviction_ms(expected as f64, w.eviction.rate(), ms_per_token)
-                } else {
-                    0.0
-                };
-            Candidate {
-                worker: w.spec.name.clone(),
-                predicted_cached: cached,
-                blind_cached: if hybrid { b.map_or(0, |b| b.blind) } else { 0 },
-                predicted_tier: tier,
-                tier_load_ms,
-                uncached: n - cached.min(n),
-                forecast_cached,
-                load: w.load_tokens(weights.tokens_per_request),
-                junction: o.junction,
-                predicted_ttft_ms,
-                later_turns_ms,
-                delay_to_others_ms,
-                decode_interference_ms,
-                prefill_stall_ms,
-                eviction_ms,
-                next_arrivals_ms: 0.0,
-                own_prefill_ms: own_ms,
-                live_conversations: live,
-                load_delay_ms,
-                work,
-                ms_per_token,
-                cost: 0.0,
-                checkpoints,
-            }
-        })
-        .collect();
-    if policy.uses_cache() && weights.next_arrivals {
-        price_next_arrivals(&mut cands, registry, workers, now);
+    WorkerFacts {
+        name: w.spec.name.clone(),
+        cached: b.map_or(0, |b| b.cached),
+        tier: b.map_or(0, |b| b.tier),
+        blind: b.map_or(0, |b| b.blind),
+        outlook,
+        queued_tokens: w.queued_tokens_draining(drain, now),
+        running: w.running_at(now),
+        ttft: model.fit(),
+        arrivals_per_ms: w.arrivals.per_ms(now),
+        live: w
+            .live
+            .facts(now)
+            .map(|(weight, age_ms)| LiveFacts { weight, age_ms }),
+        load_wait_ms: w.ttft.load_wait_ms(),
+        decode_delta_ms: w.decode.delta(&registry.fleet_decode),
+        mean_running: w.decode.mean_running(),
+        eviction_rate: w.eviction.rate(),
     }
-    let ranked = rank(policy, cands, weights, rr);
-    let order: Vec<Arc<Worker>> = ranked
-        .iter()
-        .filter_map(|c| workers.iter().find(|w| w.spec.name == c.worker).cloned())
-        .collect();
-    let decision_us = start.elapsed().as_micros() as u64;
-    let first = ranked.first().cloned();
-    let groups = match (&first, evidence && policy.uses_cache()) {
-        (Some(c), true) => order
-            .first()
-            .map(|w| {
-                let rank = best.get(c.worker.as_str()).map_or(0, |b| b.rank);
-                registry.index.predict(&w.id, rank, &q).groups
-            })
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    Ranked {
-        order,
-        prompt,
-        decision: Decision {
-            policy: policy.name(),
-            worker: first.as_ref().map(|c| c.worker.clone()).unwrap_or_default(),
-            prompt_tokens: tokens.len(),
-            predicted_cached: first.as_ref().map_or(0, |c| c.predicted_cached),
-            predicted_tier: first.as_ref().map_or(0, |c| c.predicted_tier),
-            predicted_ttft_ms: first.as_ref().map_or(0.0, |c| c.predicted_ttft_ms),
-            best_cached: ranked.iter().map(|c| c.predicted_cached).max().unwrap_or(0),
-            follow_ups,
-            groups,
-            candidates: ranked,
-            decision_us,
-            prefill: None,
-        },
+}
+
+/// Appends the decision and everything it was decided from to the decision log, one JSON
+/// object a line, when `KVROUTE_DECISION_LOG` names a file (read once, at the first decision):
+/// what `kvroute-route`'s replay test and an operator's offline analysis read. A log that
+/// cannot be opened or written is reported once and then left alone.
+fn log_decision(
+    policy: PolicyKind,
+    weights: &PolicyWeights,
+    req: &RequestFacts,
+    snapshot: &Snapshot,
+    decision: &Decision,
+) {
+    static LOG: std::sync::OnceLock<Option<parking_lot::Mutex<std::fs::File>>> =
+        std::sync::OnceLock::new();
+    let log = LOG.get_or_init(|| {
+        let path = std::env::var_os("KVROUTE_DECISION_LOG")?;
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+        {
+            Ok(f) => Some(parking_lot::Mutex::new(f)),
+            Err(e) => {
+                tracing::warn!(path = ?path, error = %e, "decision log not opened");
+                None
+            }
+        }
+    });
+    let Some(file) = log else { return };
+    static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let line = kvroute_route::log::Entry::new(policy, weights, req, snapshot, decision).line();
+    // One write of the whole line under the lock: concurrent decisions never interleave.
+    if let Err(e) = file.lock().write_all(line.as_bytes()) {
+        if !FAILED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(error = %e, "decision log not written (reported once)");
+        }
     }
 }
 
@@ -455,43 +405,6 @@ pub fn record_least_loaded(registry: &Registry, ranked: &[Candidate]) {
         .map(|c| c.load_delay_ms)
         .fold(f64::INFINITY, f64::min);
     registry.least_loaded.observe(chosen.load_delay_ms, least);
-}
-
-/// The wait a worker's load adds to a request sent there now: its model's prediction for a
-/// request with no prefill of its own, less the same on an idle worker; and that prediction
-/// itself (the TTFT less this request's own prefill).
-fn load_delay_ms(registry: &Registry, w: &Worker, work: &Work) -> (f64, f64) {
-    let loaded = Work {
-        own_tokens: 0,
-        pairs: 0.0,
-        ..*work
-    };
-    let (busy, _) = w.ttft.predict(&registry.fleet_ttft, &loaded);
-    let (idle, _) = w.ttft.predict(&registry.fleet_ttft, &Work::default());
-    ((busy - idle).max(0.0), busy)
-}
-
-/// Each candidate's [`next_arrivals_ms`]: the fleet's request rate (every worker's together)
-/// times the share of requests that went where their wait was least, each worker's wait for
-/// its load now (`load_delay_ms`), and the work this request adds to its queue there (its own
-/// prefill; a tier's load is a transfer beside the steps).
-fn price_next_arrivals(
-    cands: &mut [Candidate],
-    registry: &Registry,
-    workers: &[Arc<Worker>],
-    now: std::time::Instant,
-) {
-    let rate: f64 = workers.iter().map(|w| w.arrivals.per_ms(now)).sum();
-    let per_ms = rate * registry.least_loaded.share();
-    let waits: Vec<f64> = cands.iter().map(|c| c.load_delay_ms).collect();
-    for (i, c) in cands.iter_mut().enumerate() {
-        let own = (c.own_prefill_ms - c.tier_load_ms).max(0.0);
-        c.next_arrivals_ms = next_arrivals_ms(&waits, i, own, per_ms);
-    }
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
 }
 
 #[cfg(test)]

@@ -156,51 +156,10 @@ impl OutputTokens {
     /// What a request is expected to generate: the fleet's mean answer, capped by the
     /// request's own `max_tokens`; its `max_tokens` before any answer was seen; else 0.
     pub fn expected(&self, max_tokens: Option<u64>) -> f64 {
-        match (self.mean(), max_tokens) {
-            (Some(m), Some(cap)) => m.min(cap as f64),
-            (Some(m), None) => m,
-            (None, Some(cap)) => cap as f64,
-            (None, None) => 0.0,
-        }
+        kvroute_route::terms::expected_output(self.mean(), max_tokens)
     }
 }
-
-/// The end-to-end latency a request decoding `output_tokens` (`O`) adds where `running` (`R`)
-/// others run, each lengthening a token by `delta_ms` (`δ`) and each with a remaining answer
-/// spread evenly up to `mean_output` (`Ō`) tokens: `2·δ·R·(O − O²/(2·Ō))` for `O ≤ Ō`,
-/// `δ·R·Ō` beyond.
-pub fn decode_interference_ms(
-    delta_ms: f64,
-    output_tokens: f64,
-    mean_output: f64,
-    running: f64,
-) -> f64 {
-    let o = output_tokens.max(0.0);
-    let m = mean_output.max(0.0);
-    let overlap = if o >= m {
-        m / 2.0
-    } else {
-        o - o * o / (2.0 * m)
-    };
-    let x = 2.0 * delta_ms.max(0.0) * overlap * running.max(0.0);
-    if x.is_finite() {
-        x
-    } else {
-        0.0
-    }
-}
-
-/// The end-to-end latency a prefill of `prefill_ms` adds to the `running` requests decoding
-/// beside it: each of them decodes in the steps that carry its chunks, so each answer is
-/// `prefill_ms` later.
-pub fn prefill_stall_ms(prefill_ms: f64, running: f64) -> f64 {
-    let x = prefill_ms.max(0.0) * running.max(0.0);
-    if x.is_finite() {
-        x
-    } else {
-        0.0
-    }
-}
+pub use kvroute_route::terms::{decode_interference_ms, prefill_stall_ms};
 
 #[cfg(test)]
 mod tests {

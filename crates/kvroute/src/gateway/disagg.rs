@@ -214,7 +214,7 @@ pub async fn serve(
     )
 }
 
-fn candidate<'r>(r: &'r Ranked<'_>, w: &Worker) -> Option<&'r super::policy::Candidate> {
+fn candidate<'r>(r: &'r Ranked<'_>, w: &Worker) -> Option<&'r kvroute_route::Candidate> {
     r.decision
         .candidates
         .iter()

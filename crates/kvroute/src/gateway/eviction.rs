@@ -145,17 +145,7 @@ fn rate_of(restored: f64, stored: f64, seen: f64) -> f64 {
         0.0
     }
 }
-
-/// The prefill later requests will spend on what `uncached` new tokens push out of a full pool
-/// (ms): `uncached · rate · ms_per_token`; 0 for anything not finite or negative.
-pub fn eviction_ms(uncached: f64, rate: f64, ms_per_token: f64) -> f64 {
-    let v = uncached * rate * ms_per_token;
-    if v.is_finite() && v > 0.0 {
-        v
-    } else {
-        0.0
-    }
-}
+pub use kvroute_route::terms::eviction_ms;
 
 #[cfg(test)]
 mod tests {

@@ -11,8 +11,8 @@
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update.
 
-use super::policy::{blind_gap, Candidate};
 use kvroute_index::Index;
+use kvroute_route::{blind_gap, Candidate};
 use kvroute_wire::WireStats;
 use prometheus::{
     Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,

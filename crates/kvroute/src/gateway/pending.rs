@@ -20,6 +20,7 @@
 use kvroute_index::hash::content_chain;
 use kvroute_index::holder::MixBuild;
 use kvroute_index::BlockExtras;
+pub use kvroute_route::prompt_checkpoint;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,13 +53,6 @@ impl<'a> Prompt<'a> {
             keys: content_chain(tokens, CHUNK, extras).into(),
         }
     }
-}
-
-/// The last aligned position strictly inside a prompt of `n` tokens: where vLLM keeps the
-/// prompt's final state checkpoint (`get_mamba_prefill_checkpoint_position`).
-pub fn prompt_checkpoint(n: u64, align: u64) -> u64 {
-    let a = align.max(1);
-    n.saturating_sub(1) / a * a
 }
 
 /// A checkpoint position with the tokens from its anchor chunk's end up to it, and how many

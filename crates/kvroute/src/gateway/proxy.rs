@@ -17,11 +17,11 @@ use super::answer::{
     DecodeTiming,
 };
 use super::decide::{
-    candidates_for, decide_with, record_least_loaded, record_placement, Decision, Ranked,
+    candidates_for, decide_with, prepare, record_least_loaded, record_placement, Decision, Ranked,
+    RouteRequest,
 };
 use super::disagg;
 use super::pending::Prompt;
-use super::policy::PolicyKind;
 use super::registry::{LoadGuard, Registry, Worker};
 use super::request;
 use super::tenants::{completion_budget, Admission};
@@ -35,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use kvroute_index::BlockExtras;
+use kvroute_route::PolicyKind;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -169,6 +170,10 @@ async fn read_body(st: &AppState, body: Body) -> Result<Bytes, Response> {
     }
 }
 
+/// A request's way through the gateway, in stages: [`admit`] (body, parse → validate,
+/// candidates, tokens, the tenant's token charge), [`decide`] (the placement's readings, the
+/// routing core's decision, its records and metrics), then [`disagg::serve`] for a model split
+/// into prefill and decode pools, or [`serve`] (forwarding with one retry).
 async fn route(
     st: &Arc<AppState>,
     headers: &HeaderMap,
@@ -176,97 +181,172 @@ async fn route(
     ep: Endpoint,
     admission: Option<&Admission>,
 ) -> Response {
-    let raw = match read_body(st, body).await {
-        Ok(b) => b,
+    let admitted = match admit(st, body, ep, admission).await {
+        Ok(a) => a,
         Err(r) => return r,
     };
-    let parsed = match request::parse(&raw, ep == Endpoint::Chat, &st.registry.models()) {
-        Ok(p) => p,
-        Err(e) => return invalid(e),
-    };
+    let explain = st.config().explain_always
+        || headers
+            .get("x-kvroute-explain")
+            .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
+    let decided = decide(st, &admitted, explain);
+    if let Some(decode) = &decided.decode {
+        return disagg::serve(
+            st,
+            ep,
+            &admitted.req,
+            admitted.stream,
+            &decided.ranked,
+            decode,
+            decided.policy.name(),
+            explain,
+        )
+        .await;
+    }
+    serve(st, ep, &admitted, &decided, explain).await
+}
+
+/// A request the front door let in: its body, how it is hashed, its candidates and its tokens.
+struct Admitted {
+    raw: Bytes,
+    req: Value,
+    stream: bool,
+    skip_prefix_cache: bool,
+    extras: BlockExtras,
+    workers: Vec<Arc<Worker>>,
+    tokens: Vec<u32>,
+}
+
+/// Reads and validates the body, finds the workers serving its model (an adapter request is
+/// hashed with the adapter's key, on the workers serving it), tokenizes the prompt, and charges
+/// the tenant its tokens.
+async fn admit(
+    st: &Arc<AppState>,
+    body: Body,
+    ep: Endpoint,
+    admission: Option<&Admission>,
+) -> Result<Admitted, Response> {
+    let raw = read_body(st, body).await?;
+    let parsed =
+        request::parse(&raw, ep == Endpoint::Chat, &st.registry.models()).map_err(invalid)?;
     let request::Parsed {
         body: req,
         model,
         input,
         salt,
         stream,
-        skip_prefix_cache: skip,
+        skip_prefix_cache,
     } = parsed;
     let mut workers = candidates_for(&st.registry, &model);
-    // An adapter request is hashed with the adapter's key, on the workers serving it.
     let lora = Registry::adapter_key(&model, &mut workers);
     if workers.is_empty() {
-        return error(
+        return Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("no healthy worker serves `{model}`"),
-        );
+        ));
     }
     let tokens = match tokenize(st, &input, &model, &workers).await {
         Ok(t) => t,
-        Err(TokenizeError::Invalid(m)) => return error(StatusCode::BAD_REQUEST, m),
-        Err(e) => return error(StatusCode::BAD_GATEWAY, e.to_string()),
+        Err(TokenizeError::Invalid(m)) => return Err(error(StatusCode::BAD_REQUEST, m)),
+        Err(e) => return Err(error(StatusCode::BAD_GATEWAY, e.to_string())),
     };
     if tokens.is_empty() {
-        return error(StatusCode::BAD_REQUEST, "the prompt is empty");
+        return Err(error(StatusCode::BAD_REQUEST, "the prompt is empty"));
     }
     if let Some(a) = admission {
-        if let Err(rejected) = st
-            .tenants
+        st.tenants
             .charge(a, tokens.len() as u64, completion_budget(&req))
-        {
-            return rejected.into_response();
-        }
+            .map_err(|rejected| rejected.into_response())?;
     }
+    Ok(Admitted {
+        raw,
+        req,
+        stream,
+        skip_prefix_cache,
+        extras: BlockExtras {
+            cache_salt: salt,
+            lora,
+        },
+        workers,
+        tokens,
+    })
+}
+
+/// Where an admitted request goes: the ranked (prefill, for a split model) pool, the decode
+/// pool's ranking for a split model, and the policy that ranked them.
+struct Decided<'a> {
+    ranked: Ranked<'a>,
+    decode: Option<Ranked<'a>>,
+    policy: PolicyKind,
+}
+
+/// Decides where an admitted request goes: its follow-up status (recorded once here), the
+/// readings the placement brings up to date ([`prepare`]), the routing core's ranking of the
+/// first pool (the prefill pool of a split model, then its decode pool), the decision's
+/// metrics and the placement's records.
+fn decide<'a>(st: &Arc<AppState>, a: &'a Admitted, explain: bool) -> Decided<'a> {
     let policy = st.policy();
-    // Recorded once here; the decision is told whether it was a follow-up.
-    let now = Instant::now();
     let turn_gap = if policy.uses_cache() {
-        st.registry.follow_ups.observe(&tokens, now)
+        st.registry.follow_ups.observe(&a.tokens, Instant::now())
     } else {
         None
     };
-    let follow_up = turn_gap.is_some();
-    if follow_up {
+    if turn_gap.is_some() {
         st.metrics.follow_ups.inc();
     }
     let rr = st.rr.fetch_add(1, Ordering::Relaxed);
-    let explain = st.config().explain_always
-        || headers
-            .get("x-kvroute-explain")
-            .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
-    let extras = BlockExtras {
-        cache_salt: salt,
-        lora,
-    };
-    // A model with prefill and decode workers is served in two legs; the prefill pool is
-    // ranked here, with the conversation bookkeeping below.
-    let pd = disagg::pools(&workers);
+    let pd = disagg::pools(&a.workers);
     let weights = st.config().weights.clone();
-    let max_tokens = req
+    let max_tokens = a
+        .req
         .get("max_tokens")
         .and_then(Value::as_u64)
-        .or_else(|| req.get("max_completion_tokens").and_then(Value::as_u64));
-    let rank_pool = |pool: &[Arc<Worker>], extras: BlockExtras| {
-        decide_with(
-            &st.registry,
-            pool,
-            &tokens,
-            extras,
-            skip,
-            follow_up,
+        .or_else(|| a.req.get("max_completion_tokens").and_then(Value::as_u64));
+    let rank_pool = |pool: &[Arc<Worker>]| {
+        prepare(&st.registry, pool, policy, &weights);
+        let req = RouteRequest {
+            tokens: &a.tokens,
+            extras: a.extras.clone(),
+            skip_prefix_cache: a.skip_prefix_cache,
+            follow_up: turn_gap.is_some(),
             max_tokens,
-            policy,
-            &weights,
             rr,
-            explain,
-        )
+            evidence: explain,
+        };
+        decide_with(&st.registry, pool, req, policy, &weights)
     };
-    let first_pool: &[Arc<Worker>] = pd.as_ref().map_or(&workers, |p| &p.prefill);
-    let ranked = rank_pool(first_pool, extras.clone());
+    let ranked = rank_pool(pd.as_ref().map_or(&a.workers, |p| &p.prefill));
+    record_decision(st, &ranked, policy);
+    if policy.uses_cache() {
+        if let (Some(w), Some(c)) = (ranked.order.first(), ranked.decision.candidates.first()) {
+            let forgone = ranked.decision.best_cached > ranked.decision.predicted_cached;
+            record_placement(&st.registry, w, c, turn_gap, forgone);
+        }
+        if weights.next_arrivals {
+            record_least_loaded(&st.registry, &ranked.decision.candidates);
+        }
+    }
+    // The decode pool is ranked by the same policy: its load, and its own hit (the part of
+    // the prompt it need not pull).
+    let decode = pd.as_ref().map(|p| {
+        let d = rank_pool(&p.decode);
+        sample_load_waits(&d);
+        d
+    });
+    Decided {
+        ranked,
+        decode,
+        policy,
+    }
+}
+
+/// A decision's metrics (its time, the cache it gave up for load or a junction, group-blind's
+/// gap) and each candidate's load-wait sample.
+fn record_decision(st: &AppState, ranked: &Ranked<'_>, policy: PolicyKind) {
     st.metrics
         .expected_follow_ups
         .set(ranked.decision.follow_ups);
-    sample_load_waits(&ranked);
+    sample_load_waits(ranked);
     st.metrics
         .decision_seconds
         .with_label_values(&[policy.name()])
@@ -288,44 +368,30 @@ async fn route(
     if policy == PolicyKind::HybridAware {
         st.metrics.record_blind_gap(&ranked.decision.candidates);
     }
-    if policy.uses_cache() {
-        if let (Some(w), Some(c)) = (ranked.order.first(), ranked.decision.candidates.first()) {
-            record_placement(&st.registry, w, c, turn_gap, forgone > 0);
-        }
-        if weights.next_arrivals {
-            record_least_loaded(&st.registry, &ranked.decision.candidates);
-        }
-    }
+}
 
-    if let Some(pools) = &pd {
-        // The decode pool is ranked by the same policy: its load, and its own hit (the part
-        // of the prompt it need not pull).
-        let decode = rank_pool(&pools.decode, extras);
-        sample_load_waits(&decode);
-        return disagg::serve(
-            st,
-            ep,
-            &req,
-            stream,
-            &ranked,
-            &decode,
-            policy.name(),
-            explain,
-        )
-        .await;
-    }
+/// Forwards the request to its best worker, and once to the next when the first failed before
+/// any byte reached the client; the decision header goes on the answer when explained.
+async fn serve(
+    st: &Arc<AppState>,
+    ep: Endpoint,
+    a: &Admitted,
+    d: &Decided<'_>,
+    explain: bool,
+) -> Response {
+    let ranked = &d.ranked;
     let mut last_err = String::new();
     for (attempt, worker) in ranked.order.iter().take(2).enumerate() {
-        let booking = Booking::for_candidate(&ranked, worker, false);
+        let booking = Booking::for_candidate(ranked, worker, false);
         let mut decision = ranked.decision.clone();
         decision.worker = worker.spec.name.clone();
         decision.predicted_cached = booking.predicted;
         decision.predicted_ttft_ms = booking.work.map_or(0.0, |(_, ms)| ms);
-        match forward(st, worker, ep, raw.clone(), stream, booking).await {
+        match forward(st, worker, ep, a.raw.clone(), a.stream, booking).await {
             Ok(mut resp) => {
                 st.metrics
                     .decisions
-                    .with_label_values(&[policy.name(), &worker.spec.name])
+                    .with_label_values(&[d.policy.name(), &worker.spec.name])
                     .inc();
                 if attempt > 0 {
                     st.metrics

@@ -223,26 +223,39 @@ impl Worker {
     /// what this gateway sent since (other replicas and clients included), or the gateway's
     /// own count while the engine reports nothing fresh.
     pub fn running(&self) -> u64 {
+        self.running_at(Instant::now())
+    }
+
+    /// [`Worker::running`], the engine's figures counted as fresh or not at `now`.
+    pub fn running_at(&self, now: Instant) -> u64 {
         let own = self.in_flight.load(Ordering::Relaxed);
         let load = *self.engine_load.lock();
-        load.running_estimate(own, load.fresh(Instant::now()))
+        load.running_estimate(own, load.fresh(now))
     }
 
     /// Prefill tokens queued here: this gateway's own bookings, plus, while the engine's
     /// figures are fresh, the requests waiting there that are not this gateway's (other
     /// replicas, other clients) at this gateway's mean prefill per request.
     pub fn queued_tokens(&self) -> u64 {
+        let ms = f64::from_bits(self.prefill_ms_per_token.load(Ordering::Relaxed));
+        self.queued_tokens_draining(ms, Instant::now())
+    }
+
+    /// [`Worker::queued_tokens`] at `now` with the backlog draining at `ms_per_token` (0: not
+    /// at all), whatever rate the bookings last set: what a decision reads for the rate its
+    /// model predicts with, changing nothing.
+    pub fn queued_tokens_draining(&self, ms_per_token: f64, now: Instant) -> u64 {
         let booked = self.queued_prefill.load(Ordering::Relaxed);
         // What is booked but already worked off (the engine has been prefilling it since it
         // was sent) is no longer ahead of a new request.
-        let draining = self.prefill_ms_per_token.load(Ordering::Relaxed) != 0;
+        let draining = valid_rate(ms_per_token).to_bits() != 0;
         let own = if draining {
-            booked.min(self.backlog_at(Instant::now()).ceil() as u64)
+            booked.min(self.backlog_draining(now, valid_rate(ms_per_token)).ceil() as u64)
         } else {
             booked
         };
         let load = *self.engine_load.lock();
-        if !load.fresh(Instant::now()) {
+        if !load.fresh(now) {
             return own;
         }
         let others = load.waiting.saturating_sub(load.own_prefilling_at_poll);
@@ -272,8 +285,13 @@ impl Worker {
     /// The booked prefill not yet worked off at `now`: each booking adds its tokens, and the
     /// engine works them off at the learned rate while any are left.
     fn backlog_at(&self, now: Instant) -> f64 {
-        let (left, at) = *self.backlog.lock();
         let ms = f64::from_bits(self.prefill_ms_per_token.load(Ordering::Relaxed));
+        self.backlog_draining(now, ms)
+    }
+
+    /// The backlog at `now` worked off at `ms` a token since the last booking.
+    fn backlog_draining(&self, now: Instant, ms: f64) -> f64 {
+        let (left, at) = *self.backlog.lock();
         if ms <= 0.0 {
             return left;
         }
@@ -369,6 +387,16 @@ impl Worker {
             decode_model: self.decode.view(),
             eviction_model: self.eviction.view(),
         }
+    }
+}
+
+/// A prefill rate as [`Worker::set_prefill_ms_per_token`] keeps it: finite and not negative,
+/// else 0 (no drain).
+fn valid_rate(ms: f64) -> f64 {
+    if ms.is_finite() && ms >= 0.0 {
+        ms
+    } else {
+        0.0
     }
 }
 

@@ -23,40 +23,7 @@ use serde::Serialize;
 
 /// Features, scaled so the coefficients are of similar size: [1, tokens/1000, pairs/1e6,
 /// running].
-pub const DIM: usize = 4;
-
-/// What a request asks of one worker.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Work {
-    /// Prefill tokens queued ahead of it (in-flight requests' exact uncached tokens).
-    pub queued_tokens: u64,
-    /// Its own uncached tokens there.
-    pub own_tokens: u64,
-    /// Attention work of its prefill: uncached × (cached + uncached / 2) token pairs.
-    pub pairs: f64,
-    /// Requests running (decoding) there.
-    pub running: u64,
-}
-
-impl Work {
-    pub fn new(queued_tokens: u64, cached: u64, uncached: u64, running: u64) -> Work {
-        Work {
-            queued_tokens,
-            own_tokens: uncached,
-            pairs: uncached as f64 * (cached as f64 + uncached as f64 / 2.0),
-            running,
-        }
-    }
-
-    pub fn features(&self) -> [f64; DIM] {
-        [
-            1.0,
-            (self.queued_tokens + self.own_tokens) as f64 / 1000.0,
-            self.pairs / 1e6,
-            self.running as f64,
-        ]
-    }
-}
+pub use kvroute_route::work::{Work, DIM};
 
 /// Forgetting factor: an observation's weight halves after about 350 newer ones, so a model
 /// follows an engine whose speed changes (another tenant, a restart) within minutes.
@@ -205,6 +172,12 @@ impl Rls {
     /// Milliseconds one more prefill token costs (the model's marginal rate).
     pub fn ms_per_token(&self) -> f64 {
         self.effective()[1] / 1000.0
+    }
+
+    /// The coefficients predictions use, for the routing core ([`kvroute_route::Fit`] predicts
+    /// exactly as [`Rls::predict`]).
+    pub fn fit(&self) -> kvroute_route::Fit {
+        kvroute_route::Fit(self.effective())
     }
 }
 

@@ -280,7 +280,7 @@ async fn a_records_become_workers_that_serve_and_a_removed_record_drains_then_dr
         a(NAME, Ipv4Addr::new(127, 0, 0, 3)),
     ]);
     wait_for_workers(&gw, &[&name_a, &name_b]).await;
-    *gw.state.policy.write() = kvroute::gateway::policy::PolicyKind::RoundRobin;
+    *gw.state.policy.write() = kvroute_route::PolicyKind::RoundRobin;
     let mut served = std::collections::BTreeSet::new();
     for seed in 2..6 {
         served.insert(complete(&gw, seed).await);

@@ -11,6 +11,7 @@ mod disagg;
 mod discovery;
 mod engines;
 mod errors;
+mod explain;
 mod lora;
 mod reload;
 mod replicas;

@@ -4,11 +4,13 @@
 use super::*;
 use crate::gateway::arrivals::GAP_WEIGHT;
 use crate::gateway::config::WorkerSpec;
+use crate::gateway::config::{CostModel, PrefillStall};
 use crate::gateway::registry::LoadGuard;
 use kvroute_index::event::{CacheKind, Event, Stored};
 use kvroute_index::hash::{HashAlgo, DEFAULT_SEED};
 use kvroute_index::index::block_hashes;
 use kvroute_index::Index;
+use kvroute_route::terms::{conversation_cost_ms, next_arrivals_ms};
 
 fn store(registry: &Registry, worker: &str, tokens: &[u32]) {
     store_group(
@@ -263,6 +265,25 @@ fn teach_decode(registry: &Registry) {
     }
 }
 
+/// The proxy's decision for `tokens` (no salt, request 0, no evidence): the placement's
+/// readings brought up to date ([`prepare`]), then ranked; `skip` asks it to skip the prefix
+/// cache.
+fn decide<'t>(
+    registry: &Registry,
+    workers: &[Arc<Worker>],
+    tokens: &'t [u32],
+    skip: bool,
+    policy: PolicyKind,
+    weights: &PolicyWeights,
+) -> Ranked<'t> {
+    prepare(registry, workers, policy, weights);
+    let req = RouteRequest {
+        skip_prefix_cache: skip,
+        ..RouteRequest::base(registry, tokens)
+    };
+    decide_with(registry, workers, req, policy, weights)
+}
+
 /// The hybrid-aware decision, default weights, for `prompt` as a new conversation or a
 /// follow-up.
 fn hybrid_decision(
@@ -290,20 +311,13 @@ fn weighed_decision(
     max_tokens: Option<u64>,
     weights: &PolicyWeights,
 ) -> Decision {
-    decide_with(
-        registry,
-        workers,
-        prompt,
-        BlockExtras::default(),
-        false,
+    prepare(registry, workers, PolicyKind::HybridAware, weights);
+    let req = RouteRequest {
         follow_up,
         max_tokens,
-        PolicyKind::HybridAware,
-        weights,
-        0,
-        false,
-    )
-    .decision
+        ..RouteRequest::base(registry, prompt)
+    };
+    decide_with(registry, workers, req, PolicyKind::HybridAware, weights).decision
 }
 
 /// The candidate for worker `w` in a decision.
@@ -422,12 +436,9 @@ fn on_a_hybrid_layout_a_sibling_is_forecast_the_in_flight_prompts_checkpoint() {
             registry,
             workers,
             tokens,
-            None,
             false,
             PolicyKind::HybridAware,
             weights,
-            0,
-            false,
         )
     }
     let run = |tokens| run(&registry, &workers, &weights, tokens);
@@ -470,12 +481,9 @@ fn on_a_hybrid_layout_a_sibling_is_forecast_the_in_flight_prompts_checkpoint() {
         &registry,
         &workers,
         &sibling,
-        None,
         true,
         PolicyKind::HybridAware,
         &weights,
-        0,
-        false,
     )
     .decision;
     assert!(d.candidates.iter().all(|c| c.forecast_cached == 0));
@@ -498,12 +506,7 @@ fn a_sibling_follows_its_prefix_to_the_worker_still_prefilling_it() {
         cost: CostModel::Tokens,
         ..PolicyWeights::default()
     };
-    let run = |policy| {
-        decide(
-            &registry, &workers, &sibling, None, false, policy, &weights, 0, false,
-        )
-        .decision
-    };
+    let run = |policy| decide(&registry, &workers, &sibling, false, policy, &weights).decision;
     let d = run(PolicyKind::HybridAware);
     assert_eq!(d.worker, "b");
     assert_eq!(
@@ -618,12 +621,9 @@ fn the_ttft_cost_waits_for_a_prefilling_sibling_only_when_waiting_is_faster() {
             &registry,
             &workers,
             tokens,
-            None,
             false,
             PolicyKind::HybridAware,
             &weights,
-            0,
-            false,
         )
         .decision
     };

@@ -1,15 +1,70 @@
-//! The `[weights]` section: the routing cost's weights and switches, and the choices among
-//! its models ([`CostModel`], [`PrefillStall`]).
+//! The routing core's configuration, as plain data: the policy ([`PolicyKind`]), the cost's
+//! weights and switches ([`PolicyWeights`], the gateway's `[weights]` section) and the choices
+//! among its models ([`CostModel`], [`PrefillStall`]).
 //!
-//! Owns: [`PolicyWeights`] with its defaults and the flag spellings of the two choices.
-//! Invariants: every field has a default, so a partial `[weights]` section (or none) is valid;
+//! Owns: the policy names, the weights with their defaults and the flag spellings of the
+//! choices.
+//! Invariants: every weight has a default, so a partial `[weights]` section (or none) is valid;
 //! unknown fields are refused.
-//! Must not: check ranges (`GatewayConfig::validate` refuses a negative or non-finite λ, μ,
-//! per-request load or CPU-tier load cost) or start anything.
+//! Must not: check ranges (the gateway's `GatewayConfig::validate` refuses a negative or
+//! non-finite λ, μ, per-request load or CPU-tier load cost), import anything of the gateway, or
+//! start anything.
 
 use serde::{Deserialize, Serialize};
+use std::str::FromStr;
 
-/// Weights of the routing cost `expected_uncached + lambda * load - junction * credit` (tokens).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// The index's exact per-group prediction.
+    #[default]
+    HybridAware,
+    /// Only the full-attention groups' prefix (what other routers predict), for A/B runs.
+    GroupBlind,
+    RoundRobin,
+    LeastLoad,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::HybridAware,
+        PolicyKind::GroupBlind,
+        PolicyKind::RoundRobin,
+        PolicyKind::LeastLoad,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::HybridAware => "hybrid-aware",
+            PolicyKind::GroupBlind => "group-blind",
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::LeastLoad => "least-load",
+        }
+    }
+
+    /// Whether the policy reads the cache index at all.
+    pub fn uses_cache(self) -> bool {
+        matches!(self, PolicyKind::HybridAware | PolicyKind::GroupBlind)
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown policy {s:?} (hybrid-aware | group-blind | round-robin | least-load)"
+                )
+            })
+    }
+}
+
+/// The cache policies' cost: with the default cost model `ttft`, the predicted time to first
+/// token plus the switched-on charges less the junction credit ([`crate::terms`]); with
+/// `tokens`, `expected_uncached + λ·load − μ·junction`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyWeights {
@@ -32,42 +87,42 @@ pub struct PolicyWeights {
     pub cost: CostModel,
     /// Cost model `ttft`: add, for each candidate, the wait its load adds to each later request
     /// of the conversation times the follow-ups expected (learned from the traffic,
-    /// [`super::sessions`]). `false` ranks by this request's TTFT alone.
+    /// [`crate::terms::later_turns_ms`]). `false` ranks by this request's TTFT alone.
     #[serde(default = "default_later_turns")]
     pub later_turns: bool,
     /// Cost model `ttft`: add, for each candidate, the wait this request's own prefill there
     /// adds to the requests that will reach the worker before its first token (the fleet's
-    /// request rate at the worker's share, [`super::arrivals`]). `false` leaves other
+    /// request rate at the worker's share, [`crate::terms::delay_to_others_ms`]). `false` leaves other
     /// requests' waits out.
     #[serde(default = "default_later_turns")]
     pub delay_to_others: bool,
     /// Cost model `ttft`: add, for each candidate, the end-to-end latency this request's
     /// decode adds to the requests running there and theirs to it (`2·δ·running·overlap`,
-    /// [`super::decoding`]). `false` leaves decoding out.
+    /// [`crate::terms::decode_interference_ms`]). `false` leaves decoding out.
     #[serde(default = "default_later_turns")]
     pub decode_interference: bool,
     /// Cost model `ttft`: which prefills are charged the end-to-end latency they add to the
     /// requests decoding beside them, whose steps carry their chunks
-    /// ([`super::decoding::prefill_stall_ms`]): a new conversation's later turns
+    /// ([`crate::terms::prefill_stall_ms`]): a new conversation's later turns
     /// (`later-turns`, the default), also every request's own (`all`), or none (`off`).
     #[serde(default)]
     pub prefill_stall: PrefillStall,
     /// Cost model `ttft`: add, for each candidate, the prefill later requests will spend on
     /// what this request's uncached tokens push out of the worker's pool: those tokens times
-    /// the worker's re-prefill rate (learned from its events, [`super::eviction`]) at its
+    /// the worker's re-prefill rate (learned from its events, [`crate::terms::eviction_ms`]) at its
     /// prefill cost. Off by default: on the eviction-heavy matrix cells it measured even to
     /// worse (docs/routing-analyses.md, "The eviction charge").
     #[serde(default)]
     pub eviction: bool,
     /// Cost model `ttft`: add, for each candidate, the wait a placement there adds to the
     /// requests reaching the fleet while its least-loaded worker drains, each going where it
-    /// waits least ([`super::arrivals::next_arrivals_ms`]): a long prompt pays for taking the
+    /// waits least ([`crate::terms::next_arrivals_ms`]): a long prompt pays for taking the
     /// last idle worker from the short ones behind it. Off by default
     /// (docs/routing-analyses.md, "The next arrivals' wait").
     #[serde(default)]
     pub next_arrivals: bool,
     /// The prefill queued on a worker is its bookings less what the engine has worked off
-    /// since, at the worker's learned prefill rate ([`super::registry::Worker::queued_tokens`]).
+    /// since, at the worker's learned prefill rate (the gateway's `Worker::queued_tokens`).
     /// `false` counts every booking whole until its first byte.
     #[serde(default = "default_later_turns")]
     pub queue_drain: bool,
@@ -99,7 +154,7 @@ pub enum PrefillStall {
     All,
 }
 
-impl std::str::FromStr for PrefillStall {
+impl FromStr for PrefillStall {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
@@ -122,7 +177,7 @@ pub enum CostModel {
     Tokens,
 }
 
-impl std::str::FromStr for CostModel {
+impl FromStr for CostModel {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {

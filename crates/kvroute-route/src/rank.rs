@@ -1,69 +1,20 @@
-//! Routing policies: which worker a request goes to.
+//! Ranking: which worker a request goes to, given its candidates' figures.
 //!
-//! Owns: `PolicyKind` (`hybrid-aware`, `group-blind`, `round-robin`, `least-load`) and the
-//! ranking of candidates by cost — for the cache policies the predicted TTFT plus the charges
-//! `decide` computed beside it, less the junction credit priced at the worker's prefill rate
-//! (or, with cost model `tokens`, the tokens `expected_uncached + λ·load − μ·junction`) —,
-//! ties broken by load, then by name order rotated by the request counter `rr` (candidates equal
+//! Owns: [`Candidate`] (one worker's figures for one request, reported as the decision's
+//! evidence), the ranking of candidates by cost — for the cache policies the predicted TTFT
+//! plus the switched-on charges `decide` computed beside it, less the junction credit priced at
+//! the worker's prefill rate ([`crate::terms::cost_ms`]; with cost model `tokens`, the tokens
+//! `expected_uncached + λ·load − μ·junction`) —, ties broken by load, then by name order rotated by the request counter `rr` (candidates equal
 //! in cost and load take turns, so an idle fleet's cold prompts spread over its workers instead
 //! of all landing on the first name and evicting each other there).
 //! Invariants: ranking is deterministic for equal inputs, `rr` included; every candidate
 //! appears once in the ranking, best first (the retry takes the next one).
-//! Must not: look at sockets or the index: it ranks numbers the caller computed.
+//! Must not: look at sockets, clocks or the index: it ranks numbers the caller computed.
 
-use super::config::{CostModel, PolicyWeights};
-use super::ttft::Work;
-use serde::{Deserialize, Serialize};
-use std::str::FromStr;
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PolicyKind {
-    /// The index's exact per-group prediction.
-    #[default]
-    HybridAware,
-    /// Only the full-attention groups' prefix (what other routers predict), for A/B runs.
-    GroupBlind,
-    RoundRobin,
-    LeastLoad,
-}
-
-impl PolicyKind {
-    pub const ALL: [PolicyKind; 4] = [
-        PolicyKind::HybridAware,
-        PolicyKind::GroupBlind,
-        PolicyKind::RoundRobin,
-        PolicyKind::LeastLoad,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PolicyKind::HybridAware => "hybrid-aware",
-            PolicyKind::GroupBlind => "group-blind",
-            PolicyKind::RoundRobin => "round-robin",
-            PolicyKind::LeastLoad => "least-load",
-        }
-    }
-
-    /// Whether the policy reads the cache index at all.
-    pub fn uses_cache(self) -> bool {
-        matches!(self, PolicyKind::HybridAware | PolicyKind::GroupBlind)
-    }
-}
-
-impl FromStr for PolicyKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        PolicyKind::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown policy {s:?} (hybrid-aware | group-blind | round-robin | least-load)"
-                )
-            })
-    }
-}
+use crate::config::{CostModel, PolicyKind, PolicyWeights};
+use crate::terms::cost_ms;
+use crate::work::Work;
+use serde::Serialize;
 
 /// What the gateway knows about one candidate for one request.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -90,15 +41,15 @@ pub struct Candidate {
     pub forecast_cached: u64,
     /// Load in tokens (queued prefill + per-request decode charge).
     pub load: f64,
-    /// Hybrid-aware only: the junction tokens credited ([`junction_credit`]).
+    /// Hybrid-aware only: the junction tokens credited ([`crate::terms::junction_credit`]).
     #[serde(skip_serializing_if = "is_zero")]
     pub junction: u64,
     /// The predicted time to first token here (milliseconds, the gateway's clock): the prefill
     /// queued ahead, this request's expected uncached tokens and attention work, and the
-    /// requests decoding there, through the worker's learned model ([`super::ttft`]).
+    /// requests decoding there, through the worker's learned model ([`crate::work`]).
     pub predicted_ttft_ms: f64,
     /// The wait this worker's load adds to each later request of the conversation, times the
-    /// follow-ups expected ([`super::sessions`]): later turns follow the cache placed now
+    /// follow-ups expected ([`crate::terms::later_turns_ms`]): later turns follow the cache placed now
     /// (ms; 0 while no follow-ups are seen).
     #[serde(skip_serializing_if = "is_zero_f")]
     pub later_turns_ms: f64,
@@ -197,17 +148,6 @@ fn is_zero_f(x: &f64) -> bool {
     *x == 0.0
 }
 
-/// The junction tokens a hybrid-aware candidate is credited with: the full-attention prefix it
-/// holds (`prefix`, counting prompts in flight on it) beyond both what it will serve (`cached`)
-/// and what the best worker of the fleet serves (`fleet_best`; both also counting in-flight
-/// prompts). Sent there, the request makes vLLM checkpoint that prefix
-/// (`shared_prefix_boundary`), so later requests sharing it reuse it — worth something only
-/// where no worker can serve it yet. A worker that merely lost state another worker still holds
-/// earns nothing, so the one that can serve it wins.
-pub fn junction_credit(prefix: u64, cached: u64, fleet_best: u64) -> u64 {
-    prefix.saturating_sub(cached.max(fleet_best))
-}
-
 /// Ranks candidates best first. `rr` is the round-robin counter for this request.
 pub fn rank(
     policy: PolicyKind,
@@ -239,38 +179,7 @@ pub fn rank(
         PolicyKind::HybridAware | PolicyKind::GroupBlind => {
             for c in cands.iter_mut() {
                 c.cost = match weights.cost {
-                    CostModel::Ttft => {
-                        let later = if weights.later_turns {
-                            c.later_turns_ms
-                        } else {
-                            0.0
-                        };
-                        let others = if weights.delay_to_others {
-                            c.delay_to_others_ms
-                        } else {
-                            0.0
-                        };
-                        let decode = if weights.decode_interference {
-                            c.decode_interference_ms
-                        } else {
-                            0.0
-                        };
-                        let next = if weights.next_arrivals {
-                            c.next_arrivals_ms
-                        } else {
-                            0.0
-                        };
-                        // `decide` leaves the stall at 0 under `weights.prefill_stall = "off"`,
-                        // and the eviction charge under `weights.eviction = false`.
-                        c.predicted_ttft_ms
-                            + later
-                            + others
-                            + decode
-                            + c.prefill_stall_ms
-                            + c.eviction_ms
-                            + next
-                            - weights.junction * c.junction as f64 * c.ms_per_token
-                    }
+                    CostModel::Ttft => cost_ms(c, weights),
                     CostModel::Tokens => {
                         c.expected_uncached() as f64 + lambda * c.load
                             - weights.junction * c.junction as f64
@@ -286,6 +195,7 @@ pub fn rank(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::terms::junction_credit;
 
     fn c(w: &str, cached: u64, n: u64, load: f64) -> Candidate {
         Candidate {
