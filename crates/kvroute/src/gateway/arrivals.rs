@@ -1,12 +1,12 @@
 //! Arrivals: how fast requests reach a worker, and the wait a request's prefill adds to the
 //! requests that will queue behind it.
 //!
-//! Owns: [`Arrivals`], a worker's request rate (an exponentially weighted mean of the gaps
-//! between the requests routed to it, on the gateway's monotonic clock; a worker that has
-//! gone quiet for longer than its mean gap is credited with the quiet time instead);
-//! [`LeastLoadedShare`], the share of the fleet's requests that went to the worker whose load
-//! made them wait least; and the two
-//! externalities the cost model can add to a candidate:
+//! Owns: [`RequestRate`], a worker's request rate as a plain estimator (an exponentially
+//! weighted mean of the gaps between the requests routed to it, on the gateway's monotonic
+//! clock; a worker that has gone quiet for longer than its mean gap is credited with the quiet
+//! time instead), shared as [`Arrivals`]; [`LeastLoadedShare`], the share of the fleet's
+//! requests that went to the worker whose load made them wait least. The two externalities
+//! the routing core prices from them (`kvroute_route::terms`, re-exported here) are:
 //! - [`delay_to_others_ms`]: an engine schedules waiting requests first come, first served
 //!   (vLLM's scheduler: running requests, then the waiting queue in order), so a request's own
 //!   prefill delays every request that reaches the same worker before its first token — about
@@ -29,7 +29,7 @@
 //!
 //! Invariants: the rate is 0 until two requests were seen, finite, and never negative; both
 //! externalities are 0 when the request adds no prefill, never negative, finite, and grow with
-//! the prefill and the rate.
+//! the prefill and the rate (the core's tests and the ones below).
 //! Must not: read the index or workers; it sees decision times and numbers the caller
 //! computed.
 
@@ -40,11 +40,37 @@ use std::time::Instant;
 /// the charge matters (tens of requests per second), so a burst is seen within it.
 pub const GAP_WEIGHT: f64 = 1.0 / 64.0;
 
-#[derive(Debug, Default)]
-struct Inner {
+/// A worker's request rate as a plain estimator: the weighted mean gap between the requests
+/// routed there and when the last came ([`Arrivals`] shares one between threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestRate {
     last: Option<Instant>,
     /// Weighted mean gap between requests (ms); `None` until the second request.
     gap_ms: Option<f64>,
+}
+
+impl RequestRate {
+    /// Records a request routed at `now`.
+    pub fn observe(&mut self, now: Instant) {
+        if let Some(last) = self.last {
+            let gap = now.saturating_duration_since(last).as_secs_f64() * 1e3;
+            self.gap_ms = Some(weighted(self.gap_ms, gap));
+        }
+        self.last = Some(now.max(self.last.unwrap_or(now)));
+    }
+
+    /// Requests per millisecond reaching the worker at `now`: the inverse of the mean gap, or
+    /// of the time since the last request where that is longer (0 until two were seen, or
+    /// when they came at the same instant every time: no gap to measure).
+    pub fn per_ms(&self, now: Instant) -> f64 {
+        let quiet = self.last.map_or(0.0, |l| {
+            now.saturating_duration_since(l).as_secs_f64() * 1e3
+        });
+        match self.gap_ms {
+            Some(m) if m > 0.0 && m.is_finite() => 1.0 / m.max(quiet),
+            _ => 0.0,
+        }
+    }
 }
 
 /// One step of the exponentially weighted mean (weight [`GAP_WEIGHT`]); the first value
@@ -78,35 +104,21 @@ impl LeastLoadedShare {
     }
 }
 
-/// One worker's request rate.
+/// One worker's [`RequestRate`], shared by the requests routed there.
 #[derive(Debug, Default)]
 pub struct Arrivals {
-    inner: Mutex<Inner>,
+    inner: Mutex<RequestRate>,
 }
 
 impl Arrivals {
     /// Records a request routed at `now`.
     pub fn observe(&self, now: Instant) {
-        let mut g = self.inner.lock();
-        if let Some(last) = g.last {
-            let gap = now.saturating_duration_since(last).as_secs_f64() * 1e3;
-            g.gap_ms = Some(weighted(g.gap_ms, gap));
-        }
-        g.last = Some(now.max(g.last.unwrap_or(now)));
+        self.inner.lock().observe(now);
     }
 
-    /// Requests per millisecond reaching the worker at `now`: the inverse of the mean gap, or
-    /// of the time since the last request where that is longer (0 until two were seen, or
-    /// when they came at the same instant every time: no gap to measure).
+    /// [`RequestRate::per_ms`].
     pub fn per_ms(&self, now: Instant) -> f64 {
-        let g = self.inner.lock();
-        let quiet = g.last.map_or(0.0, |l| {
-            now.saturating_duration_since(l).as_secs_f64() * 1e3
-        });
-        match g.gap_ms {
-            Some(m) if m > 0.0 && m.is_finite() => 1.0 / m.max(quiet),
-            _ => 0.0,
-        }
+        self.inner.lock().per_ms(now)
     }
 }
 pub use kvroute_route::terms::{delay_to_others_ms, next_arrivals_ms};

@@ -1,11 +1,13 @@
 //! Conversations: the load a worker's live conversations will bring, and what one more
 //! conversation there costs their later turns and its own.
 //!
-//! Owns: [`TurnStats`] (the fleet's turn cycle `G`, the time from a prompt to its follow-up,
+//! Owns: [`TurnCycle`] (the fleet's turn cycle `G`, the time from a prompt to its follow-up,
 //! and `S`, the prefill a follow-up costs on the worker it is sent to — both exponentially
-//! weighted means, learned from the traffic), [`Live`] (a worker's live conversations: one per
-//! conversation started or moved there, each fading with the expected remaining life of a
-//! conversation, `k · G` for `k` expected follow-ups) and [`conversation_cost_ms`].
+//! weighted means, learned from the traffic; a plain estimator, shared as [`TurnStats`]) and
+//! [`Live`] (a worker's live conversations: one per conversation started or moved there, each
+//! fading with the expected remaining life of a conversation, `k · G` for `k` expected
+//! follow-ups). The routing core prices them ([`conversation_cost_ms`], re-exported from
+//! `kvroute_route::terms`).
 //!
 //! The model: each live conversation brings one follow-up of `S` ms of prefill per cycle of
 //! `G` ms, so `L` of them keep the worker's prefill busy a fraction `ρ = L · S / G`. A
@@ -25,8 +27,10 @@ use std::time::{Duration, Instant};
 /// Weight of the newest observation in the turn cycle and the follow-up prefill: the same
 /// forgetting as the follow-up fraction (about the last 350 follow-ups).
 const WEIGHT: f64 = 1.0 - super::ttft::FORGET;
-#[derive(Debug, Default)]
-struct Means {
+/// The fleet's turn cycle and follow-up prefill as a plain estimator ([`TurnStats`] shares
+/// one between threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TurnCycle {
     gap_ms: Option<f64>,
     prefill_ms: Option<f64>,
 }
@@ -34,7 +38,7 @@ struct Means {
 /// The fleet's turn cycle and follow-up prefill.
 #[derive(Debug, Default)]
 pub struct TurnStats {
-    inner: Mutex<Means>,
+    inner: Mutex<TurnCycle>,
 }
 
 fn update(mean: &mut Option<f64>, x: f64) {
@@ -47,24 +51,40 @@ fn update(mean: &mut Option<f64>, x: f64) {
     });
 }
 
-impl TurnStats {
+impl TurnCycle {
     /// A follow-up arrived `gap` after the prompt it extends.
-    pub fn observe_gap(&self, gap: Duration) {
-        update(&mut self.inner.lock().gap_ms, gap.as_secs_f64() * 1e3);
+    pub fn observe_gap(&mut self, gap: Duration) {
+        update(&mut self.gap_ms, gap.as_secs_f64() * 1e3);
     }
 
     /// A follow-up was sent where its own prefill is predicted to take `ms`.
-    pub fn observe_prefill(&self, ms: f64) {
-        update(&mut self.inner.lock().prefill_ms, ms);
+    pub fn observe_prefill(&mut self, ms: f64) {
+        update(&mut self.prefill_ms, ms);
     }
 
     /// (turn cycle `G`, follow-up prefill `S`) in ms, once both were seen.
     pub fn cycle(&self) -> Option<(f64, f64)> {
-        let g = self.inner.lock();
-        match (g.gap_ms, g.prefill_ms) {
+        match (self.gap_ms, self.prefill_ms) {
             (Some(gap), Some(s)) if gap > 0.0 => Some((gap, s)),
             _ => None,
         }
+    }
+}
+
+impl TurnStats {
+    /// [`TurnCycle::observe_gap`].
+    pub fn observe_gap(&self, gap: Duration) {
+        self.inner.lock().observe_gap(gap);
+    }
+
+    /// [`TurnCycle::observe_prefill`].
+    pub fn observe_prefill(&self, ms: f64) {
+        self.inner.lock().observe_prefill(ms);
+    }
+
+    /// [`TurnCycle::cycle`].
+    pub fn cycle(&self) -> Option<(f64, f64)> {
+        self.inner.lock().cycle()
     }
 }
 

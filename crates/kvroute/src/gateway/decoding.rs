@@ -9,8 +9,9 @@
 //! queued at its first token and booked there since, less what is queued at its last; `β` thus
 //! the engine's cost of a thousand prefill tokens) — the prefill chunks a decode step carries
 //! are the prefills', not the running requests', so δ is what a running request alone adds;
-//! [`OutputTokens`], the fleet's mean answer length; [`decode_interference_ms`] and
-//! [`prefill_stall_ms`], the costs the policy adds to a candidate. An engine decodes all
+//! [`OutputTokens`], the fleet's mean answer length. The routing core prices them
+//! ([`decode_interference_ms`] and [`prefill_stall_ms`], re-exported from
+//! `kvroute_route::terms`). An engine decodes all
 //! its running sequences in every step (continuous batching), so each one lengthens every
 //! step by δ: a request decoding `O` tokens where `R` others run is slowed by `δ` a token by
 //! each of them, and slows each by `δ` a token, while they overlap. A running request has, on

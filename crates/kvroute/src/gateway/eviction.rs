@@ -1,7 +1,8 @@
 //! The cache a placement destroys: how much of what a worker's engine stores re-does content it
 //! evicted, learned from the worker's own events.
 //!
-//! Owns: per worker, the running totals read from the index
+//! Owns: per worker, an [`EvictionRate`] (a plain estimator, shared as [`EvictionModel`]):
+//! the running totals read from the index
 //! ([`kvroute_index::EvictionStats`]: the tokens its ranks stored in their eviction group, and
 //! of those the tokens stored again after their removal) and from the gateway (requests booked
 //! there, [`super::registry::Worker::bookings_total`]); their growth in sums that fade by half
@@ -10,7 +11,8 @@
 //! gateways send the worker counts on both sides. On a full pool each block a prefill stores
 //! evicts an older one; the rate is how often what was evicted has been asked for again, so a
 //! placement of `u` uncached tokens there is charged [`eviction_ms`] = `u · rate ·
-//! ms_per_token`: the prefill later requests will spend on what this one pushes out. The
+//! ms_per_token` by the routing core (re-exported from `kvroute_route::terms`): the prefill
+//! later requests will spend on what this one pushes out. The
 //! gateway has the index keep these figures only while `weights.eviction` is on, so the rate
 //! is learned only then; switching the charge on or off by a reload starts every worker's
 //! model afresh (the index's list of removed blocks starts empty too, so for about one turn of
@@ -39,8 +41,10 @@ pub const PRIOR_REQUESTS: f64 = 16.0;
 /// The index is read for a worker at most this often.
 pub const REFRESH: Duration = Duration::from_millis(200);
 
-#[derive(Default)]
-struct State {
+/// A worker's re-prefill rate as a plain estimator: the faded growth of the totals it was
+/// shown ([`EvictionModel`] shares one between threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EvictionRate {
     /// The last totals read: (tokens restored, tokens stored, requests booked).
     last: Option<(u64, u64, u64)>,
     /// When the last reading was claimed, and when the last one applied was.
@@ -53,10 +57,10 @@ struct State {
     seen: f64,
 }
 
-/// A worker's re-prefill rate.
+/// A worker's [`EvictionRate`], shared by the decisions that read it.
 #[derive(Default)]
 pub struct EvictionModel {
-    state: Mutex<State>,
+    state: Mutex<EvictionRate>,
 }
 
 /// What `GET /admin/workers` shows of it.
@@ -72,11 +76,11 @@ pub struct EvictionView {
     pub requests_seen: f64,
 }
 
-impl EvictionModel {
+impl EvictionRate {
     /// Whether the caller is to read the totals at `now`: true at most once per [`REFRESH`]
     /// (checked and marked under one lock, so concurrent decisions do not both read).
-    pub fn claim(&self, now: Instant) -> bool {
-        let mut s = self.state.lock();
+    pub fn claim(&mut self, now: Instant) -> bool {
+        let s = self;
         let due = s
             .read_at
             .is_none_or(|t| now.saturating_duration_since(t) >= REFRESH);
@@ -89,9 +93,9 @@ impl EvictionModel {
     /// Adds the totals' growth since the last reading: the index's `stats` and `requests`
     /// booked on the worker, all running totals, read after a [`EvictionModel::claim`] at
     /// `claimed` (a reading claimed before one already applied is dropped).
-    pub fn observe(&self, claimed: Instant, stats: EvictionStats, requests: u64) {
+    pub fn observe(&mut self, claimed: Instant, stats: EvictionStats, requests: u64) {
         let now = (stats.tokens_restored, stats.tokens_stored, requests);
-        let mut s = self.state.lock();
+        let s = self;
         if s.applied_at.is_some_and(|t| claimed <= t) {
             return;
         }
@@ -112,18 +116,18 @@ impl EvictionModel {
 
     /// Forgets everything learned (the charge was switched on or off: the index's figures
     /// stood still meanwhile while the worker's bookings went on).
-    pub fn reset(&self) {
-        *self.state.lock() = State::default();
+    pub fn reset(&mut self) {
+        *self = EvictionRate::default();
     }
 
     /// Re-stored tokens per stored token, shrunk by the requests seen.
     pub fn rate(&self) -> f64 {
-        let s = self.state.lock();
+        let s = self;
         rate_of(s.restored, s.stored, s.seen)
     }
 
     pub fn view(&self) -> EvictionView {
-        let s = self.state.lock();
+        let s = self;
         EvictionView {
             restored_per_stored_token: rate_of(s.restored, s.stored, s.seen),
             restored_tokens: s.restored,
@@ -131,6 +135,33 @@ impl EvictionModel {
             requests: s.requests,
             requests_seen: s.seen,
         }
+    }
+}
+
+impl EvictionModel {
+    /// [`EvictionRate::claim`], checked and marked under one lock, so concurrent decisions do
+    /// not both read.
+    pub fn claim(&self, now: Instant) -> bool {
+        self.state.lock().claim(now)
+    }
+
+    /// [`EvictionRate::observe`].
+    pub fn observe(&self, claimed: Instant, stats: EvictionStats, requests: u64) {
+        self.state.lock().observe(claimed, stats, requests);
+    }
+
+    /// [`EvictionRate::reset`].
+    pub fn reset(&self) {
+        self.state.lock().reset();
+    }
+
+    /// [`EvictionRate::rate`].
+    pub fn rate(&self) -> f64 {
+        self.state.lock().rate()
+    }
+
+    pub fn view(&self) -> EvictionView {
+        self.state.lock().view()
     }
 }
 
