@@ -271,6 +271,10 @@ struct ServeArgs {
     /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish, seconds.
     #[arg(long)]
     shutdown_timeout_secs: Option<f64>,
+    /// Read the file, lay the flags over it and validate the result as a start does, then
+    /// exit (0: valid) without binding a port or reaching a worker.
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn parse_pd_layout(s: &str) -> Result<kvroute::simfleet::PdLayout> {
@@ -333,6 +337,11 @@ async fn serve(a: ServeArgs) -> Result<()> {
     if let Some(p) = &a.config {
         cfg.validate()
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    }
+    if a.check_config {
+        cfg.validate().map_err(anyhow::Error::msg)?;
+        eprintln!("configuration valid");
+        return Ok(());
     }
     let handle = Gateway::start(cfg).await?;
     // Installed before the address is printed: from then on SIGHUP reloads, never terminates.

@@ -337,3 +337,47 @@ fn a_sim_worker_started_as_vllm_0_33_with_an_eagle_drafter_reports_0_33() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported engine version"));
 }
+
+#[test]
+fn serve_check_config_validates_the_file_and_flags_then_exits_without_listening() {
+    let dir = std::env::temp_dir().join(format!("kvroute-check-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("kvroute.toml");
+    // A port something already listens on: a start would fail to bind, a check never binds.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    std::fs::write(
+        &file,
+        format!("listen = \"{listen}\"\nadmin_listen = \"0.0.0.0:8081\"\n"),
+    )
+    .unwrap();
+    let check = |token: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_kvroute"));
+        c.args([
+            "serve",
+            "--config",
+            file.to_str().unwrap(),
+            "--check-config",
+        ])
+        .env_remove("KVROUTE_ADMIN_TOKEN");
+        if let Some(t) = token {
+            c.env("KVROUTE_ADMIN_TOKEN", t);
+        }
+        c.output().expect("run kvroute serve --check-config")
+    };
+    // The admin API beyond loopback without a token: refused, naming the file and the reason.
+    let refused = check(None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains("kvroute.toml") && stderr.contains("admin_listen is not loopback"),
+        "{stderr}"
+    );
+    // The token from the environment (as the flag's env var) makes it valid.
+    let ok = check(Some("secret"));
+    let stderr = String::from_utf8_lossy(&ok.stderr);
+    assert!(ok.status.success(), "{stderr}");
+    assert!(stderr.contains("configuration valid"), "{stderr}");
+    assert!(!stderr.contains("listening"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,9 @@
 //! What the gateway's integration tests share: a gateway configuration on loopback, a worker
-//! spec for a simulated worker (its real ZMQ endpoints), and reading a gateway's metrics.
-//! Each test file uses some of it.
+//! spec for a simulated worker (its real ZMQ endpoints), reading a gateway's metrics, and a
+//! DNS server for discovery (`dns`). Each test file uses some of it.
 #![allow(dead_code)]
+
+pub mod dns;
 
 use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
 use kvroute::gateway::GatewayHandle;

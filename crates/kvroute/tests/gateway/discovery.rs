@@ -1,110 +1,25 @@
-//! Workers that come and go, over real sockets: a DNS server on loopback (hickory's wire
-//! format, answering from records the test changes) names simulated workers by A or SRV
+//! Workers that come and go, over real sockets: a DNS server on loopback (`common::dns`,
+//! answering from records the test changes) names simulated workers by A or SRV
 //! records; a directory of worker files does the same. Added workers serve; removed ones drain
 //! (their in-flight requests finish) and then lose their index state; DNS failures and
 //! malformed files cost nothing that was there.
 
 use crate::common;
 
-use hickory_resolver::proto::op::{Message, ResponseCode};
-use hickory_resolver::proto::rr::rdata::{A, SOA, SRV};
+use crate::common::dns::Dns;
+use hickory_resolver::proto::rr::rdata::{A, SRV};
 use hickory_resolver::proto::rr::{Name, RData, Record};
 use kvroute::gateway::config::GatewayConfig;
 use kvroute::gateway::discovery::DiscoveryConfig;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{start_worker, Fleet, PublisherConfig, SimHandle, WireFormat, WorkerConfig};
-use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const PRESET: &str = "tiny-gemma3";
 const NAME: &str = "vllm.disc.test.";
-
-/// An authoritative DNS server on an ephemeral loopback UDP port, answering from `records`
-/// (SERVFAIL for everything while `fail` is set).
-struct Dns {
-    addr: SocketAddr,
-    records: Arc<Mutex<Vec<Record>>>,
-    fail: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Dns {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Dns {
-    async fn start() -> Dns {
-        let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let addr = sock.local_addr().unwrap();
-        let records: Arc<Mutex<Vec<Record>>> = Arc::default();
-        let fail = Arc::new(AtomicBool::new(false));
-        let (r, f) = (records.clone(), fail.clone());
-        let task = tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            loop {
-                let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
-                    return;
-                };
-                let Ok(q) = Message::from_vec(&buf[..n]) else {
-                    continue;
-                };
-                let answer = answer(&q, &r.lock(), f.load(Ordering::Relaxed));
-                if let Ok(bytes) = answer.to_vec() {
-                    let _ = sock.send_to(&bytes, peer).await;
-                }
-            }
-        });
-        Dns {
-            addr,
-            records,
-            fail,
-            task,
-        }
-    }
-
-    fn set(&self, records: Vec<Record>) {
-        *self.records.lock() = records;
-    }
-}
-
-fn answer(q: &Message, records: &[Record], fail: bool) -> Message {
-    let mut m = Message::response(q.metadata.id, q.metadata.op_code);
-    m.metadata.authoritative = true;
-    m.metadata.recursion_desired = q.metadata.recursion_desired;
-    m.add_queries(q.queries.clone());
-    if fail {
-        m.metadata.response_code = ResponseCode::ServFail;
-        return m;
-    }
-    for query in &q.queries {
-        m.add_answers(
-            records
-                .iter()
-                .filter(|r| r.name == *query.name() && r.record_type() == query.query_type())
-                .cloned(),
-        );
-    }
-    if m.answers.is_empty() {
-        // No data: the zone's SOA in the authority section, as RFC 2308 asks.
-        let soa = SOA::new(
-            name("ns.disc.test."),
-            name("admin.disc.test."),
-            1,
-            60,
-            60,
-            60,
-            1,
-        );
-        m.add_authority(Record::from_rdata(name("disc.test."), 1, RData::SOA(soa)));
-    }
-    m
-}
 
 /// Waits until the index holds no rank of `worker` (the registry lists a removed worker no
 /// more before its subscriptions have stopped and its index state is dropped).
@@ -256,7 +171,7 @@ async fn two_pods() -> (SimHandle, SimHandle) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_records_become_workers_that_serve_and_a_removed_record_drains_then_drops_its_index_state(
 ) {
-    let dns = Dns::start().await;
+    let dns = Dns::start("disc.test.").await;
     let (pod_a, pod_b) = two_pods().await;
     let (http, events) = (pod_a.http.port(), pod_a.zmq[0].rsplit(':').next().unwrap());
     dns.set(vec![a(NAME, Ipv4Addr::new(127, 0, 0, 2))]);
@@ -358,7 +273,7 @@ async fn a_records_become_workers_that_serve_and_a_removed_record_drains_then_dr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn srv_records_name_workers_by_target_and_port_and_dns_failures_keep_the_fleet() {
-    let dns = Dns::start().await;
+    let dns = Dns::start("disc.test.").await;
     let fleet = Fleet::preset(PRESET, 2, 1000.0).await.unwrap();
     let ports: Vec<u16> = fleet.workers.iter().map(|w| w.http.port()).collect();
     let host = "engines.disc.test.";
