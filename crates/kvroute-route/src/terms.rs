@@ -203,10 +203,10 @@ pub fn eviction_ms(uncached: f64, rate: f64, ms_per_token: f64) -> f64 {
 }
 
 /// The `ttft` cost of a candidate: its predicted TTFT plus the charges the weights switch on,
-/// less the junction credit at its prefill rate. The one place the switches are read:
-/// `later_turns`, `delay_to_others` and `decode_interference` drop their (still reported)
-/// terms; the prefill stall's variant, the eviction charge and the next arrivals' charge are
-/// computed only when on (0 otherwise).
+/// less the junction credit at its prefill rate. Each switch is read once: here for the terms
+/// that are reported whatever the switch says (`later_turns`, `delay_to_others`,
+/// `decode_interference`), in `decide` for those computed only when on (the prefill stall's
+/// variant, `eviction`, `next_arrivals`: 0 otherwise, added here as they are).
 pub fn cost_ms(c: &Candidate, weights: &PolicyWeights) -> f64 {
     let later = if weights.later_turns {
         c.later_turns_ms
@@ -223,12 +223,13 @@ pub fn cost_ms(c: &Candidate, weights: &PolicyWeights) -> f64 {
     } else {
         0.0
     };
-    let next = if weights.next_arrivals {
-        c.next_arrivals_ms
-    } else {
-        0.0
-    };
-    c.predicted_ttft_ms + later + others + decode + c.prefill_stall_ms + c.eviction_ms + next
+    c.predicted_ttft_ms
+        + later
+        + others
+        + decode
+        + c.prefill_stall_ms
+        + c.eviction_ms
+        + c.next_arrivals_ms
         - weights.junction * c.junction as f64 * c.ms_per_token
 }
 
