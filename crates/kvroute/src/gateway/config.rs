@@ -2,17 +2,16 @@
 //!
 //! Owns: `GatewayConfig` (listen addresses, policy and weights — the `[weights]` section is
 //! [`PolicyWeights`], in `weights` —, limits, admin token, snapshot and shutdown settings, the
-//! front door's tenants ([`super::tenants::TenantSpec`], validated there), the drain timeout,
-//! the `[discovery]` section, [`super::discovery`]) and `WorkerSpec` (HTTP URL, model,
+//! front door's tenants ([`tenants::TenantSpec`], validated there), the drain timeout,
+//! the `[discovery]` section, [`discovery::DiscoveryConfig`]) and `WorkerSpec` (HTTP URL, model,
 //! `kv_events` endpoint/replay/topic like vLLM's `--kv-events-config`, DP size, hash settings
 //! like `--prefix-caching-hash-algo` and `PYTHONHASHSEED`, the engine generation,
 //! `--speculative-config`'s fields and the LoRA adapters of `--lora-modules`), with validation
 //! that names the offending field, and the `--worker` flag keys for those.
-//! Must not: start anything.
+//! Must not: start anything, or import any other gateway module but the routing core's
+//! `PolicyKind` (configuration is plain data: the front door and the fleet state import it).
 
-use super::discovery::DiscoveryConfig;
 use super::policy::PolicyKind;
-use super::tenants::{self, TenantSpec};
 use kvroute_index::tier::OffloadConnector;
 use kvroute_index::{Engine, HashAlgo, HashMode, LookupConfig, Speculative, WorkerConfig};
 use serde::{Deserialize, Serialize};
@@ -20,7 +19,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub mod discovery;
+pub mod tenants;
 mod weights;
+use discovery::DiscoveryConfig;
+use tenants::TenantSpec;
 pub use weights::{CostModel, PolicyWeights, PrefillStall};
 
 /// vLLM's `--kv-events-config`, as the engine was started with it.
