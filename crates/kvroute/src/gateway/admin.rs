@@ -11,9 +11,9 @@
 use super::config::WorkerSpec;
 use super::decide::{candidates_for, decide_with};
 use super::policy::PolicyKind;
-use super::proxy::error;
 use super::registry::{Registry, RegistryError};
 use super::reload::ReloadError;
+use super::reply::error;
 use super::tenants::same_secret;
 use super::AppState;
 use axum::extract::{Path, Request, State};

@@ -21,8 +21,9 @@
 
 use super::config::Role;
 use super::decide::Ranked;
-use super::proxy::{attach_decision, error, forward, Booking, Endpoint};
+use super::forward::{attach_decision, forward, Booking, Endpoint};
 use super::registry::Worker;
+use super::reply::error;
 use super::AppState;
 use axum::body::Bytes;
 use axum::http::StatusCode;

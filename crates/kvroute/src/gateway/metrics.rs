@@ -45,7 +45,7 @@ pub struct Metrics {
     pub follow_ups: IntCounter,
     /// Workers ejected after failed requests in a row.
     pub ejections: IntCounterVec,
-    /// Worker-side request failures by reason ([`super::proxy::Failure`]).
+    /// Worker-side request failures by reason ([`super::forward`]'s `Failure`).
     pub upstream_failures: IntCounterVec,
     pub expected_follow_ups: Gauge,
     /// Snapshots written (`ok`, `failed`), loads at start (`loaded`, `absent`, `refused`), and

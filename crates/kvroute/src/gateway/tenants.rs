@@ -16,8 +16,8 @@
 
 pub mod limits;
 
-pub use super::config::tenants::{validate, TenantError, TenantSpec, DEFAULT_MAX_TOKENS};
 use super::config::tenants::{digest, resolve, Limits};
+pub use super::config::tenants::{validate, TenantError, TenantSpec, DEFAULT_MAX_TOKENS};
 use super::metrics::TenantMetrics;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -133,7 +133,7 @@ impl Rejection {
             Reason::Unauthorized => StatusCode::UNAUTHORIZED,
             _ => StatusCode::TOO_MANY_REQUESTS,
         };
-        let mut r = super::proxy::error(status, self.message);
+        let mut r = super::reply::error(status, self.message);
         if let Some(s) = self.retry_after_secs {
             if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
                 r.headers_mut().insert("retry-after", v);
