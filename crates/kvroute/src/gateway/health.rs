@@ -5,7 +5,7 @@
 //! failing: exponential backoff up to 30 s), asks a healthy worker's `GET /version` until it
 //! answers (the registry then records the engine generation), and reads the LoRA adapters its
 //! `GET /v1/models` lists (entries with a `parent`; `root` is the adapter's path). The
-//! engines' load figures are polled by [`super::engine_load`].
+//! engines' load figures are polled by [`super::engine_poll`].
 //! Also the gateway's own probes: `/health/live` (the process serves) and `/health/ready` (at
 //! least one routable worker, and every healthy worker's event subscriptions past their first
 //! catch-up, so a restarted router predicts from a caught-up index before it takes traffic; a

@@ -19,6 +19,7 @@ pub mod decoding;
 pub mod disagg;
 pub mod discovery;
 pub mod engine_load;
+pub mod engine_poll;
 pub mod eviction;
 pub mod fleet;
 pub mod forward;
@@ -302,7 +303,7 @@ impl Gateway {
         tasks.push(tokio::spawn(discovery::run(state.clone(), stop_rx.clone())));
         let poll = Duration::from_secs_f64(config.load_poll_interval_secs.clamp(0.01, 60.0));
         let poll_timeout = Duration::from_secs_f64(config.load_poll_timeout_secs.clamp(0.01, 60.0));
-        tasks.push(tokio::spawn(engine_load::run(
+        tasks.push(tokio::spawn(engine_poll::run(
             registry,
             client,
             poll,
