@@ -24,7 +24,7 @@ use super::decide::Ranked;
 use super::forward::{attach_decision, forward, Booking, Endpoint};
 use super::registry::Worker;
 use super::reply::error;
-use super::AppState;
+use super::state::AppState;
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::Response;

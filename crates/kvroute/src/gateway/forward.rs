@@ -17,8 +17,8 @@ use super::answer::{
 use super::decide::{Decision, Ranked};
 use super::pending::Prompt;
 use super::registry::{LoadGuard, Worker};
+use super::state::AppState;
 use super::ttft::Work;
-use super::AppState;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;

@@ -14,37 +14,19 @@
 
 pub mod dir;
 pub mod dns;
+pub mod outcome;
 
 pub use super::config::discovery::{parse_nameserver, DiscoveryConfig, DiscoveryKind, RecordKind};
 use super::config::WorkerSpec;
-use super::fleet::Source;
-use super::AppState;
+use super::fleet::{FleetHost, Source};
+pub use outcome::Outcome;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How a refresh went, as the `result` label of `kvroute_discovery_resolutions_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Ok,
-    /// An empty answer (no records, no files): the last good set is kept.
-    Empty,
-    Error,
-}
-
-impl Outcome {
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Empty => "empty",
-            Outcome::Error => "error",
-        }
-    }
-}
 
 /// Refreshes the discovered set every interval until `stop`, handing each new set to the
 /// reconciler. Without a `[discovery]` section it waits (a reload may add one); a section
 /// removed by a reload empties the discovered set.
-pub async fn run(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn run<H: FleetHost>(state: Arc<H>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut dns = dns::DnsState::default();
     let mut dir = dir::DirState::default();
     let mut last: Option<(Source, Vec<WorkerSpec>)> = None;
@@ -66,7 +48,7 @@ pub async fn run(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bo
                     DiscoveryKind::Dir => "dir",
                 };
                 state
-                    .metrics
+                    .metrics()
                     .discovery_resolutions
                     .with_label_values(&[kind, outcome.label()])
                     .inc();
@@ -81,7 +63,7 @@ pub async fn run(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bo
         if let Some(found) = found {
             if last.as_ref() != Some(&found) {
                 let changes = state
-                    .fleet
+                    .fleet()
                     .set_discovered(&state, found.0, found.1.clone())
                     .await;
                 if !changes.is_empty() {
