@@ -14,7 +14,7 @@
 //! Must not: choose workers for requests, await upstream I/O while holding its state lock, or
 //! import the front door (it reaches the shared state through [`FleetHost`]).
 
-use super::config::{GatewayConfig, WorkerSpec};
+use super::config::{file::GatewayConfig, WorkerSpec};
 use super::metrics::Metrics;
 use super::registry::{Registry, Worker};
 use super::snapshot::Unclaimed;
@@ -325,7 +325,7 @@ async fn retire<H: FleetHost>(state: Arc<H>, name: String, worker: Arc<Worker>) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::config::GatewayConfig;
+    use crate::gateway::config::file::GatewayConfig;
     use crate::gateway::registry::LoadGuard;
     use crate::gateway::Gateway;
 

@@ -14,7 +14,7 @@
 //! admin API had switched it; workers keep their index state unless their spec changed.
 //! Must not: restart listeners or touch connections.
 
-use super::config::GatewayConfig;
+use super::config::file::GatewayConfig;
 use super::fleet::FleetChanges;
 use super::state::AppState;
 pub use super::state::{ConfigSource, Overlay, Reloader};

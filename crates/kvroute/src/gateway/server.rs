@@ -9,7 +9,7 @@
 //! Must not: block the runtime (all upstream I/O is async), or be imported by a handler or a
 //! state module (it is the top of the gateway's layers: it imports them, never the reverse).
 
-use super::config::GatewayConfig;
+use super::config::file::GatewayConfig;
 use super::registry::Registry;
 use super::state::{AppState, Reloader};
 use super::{

@@ -11,7 +11,7 @@
 //! Must not: import a handler or the server (the front door's handlers import it), or be
 //! imported by the fleet state (which takes a `FleetHost`, the registry or the metrics).
 
-use super::config::GatewayConfig;
+use super::config::file::GatewayConfig;
 use super::fleet::{Fleet, FleetHost};
 use super::policy::PolicyKind;
 use super::registry::Registry;

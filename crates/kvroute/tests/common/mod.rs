@@ -3,7 +3,7 @@
 //! Each test file uses some of it.
 #![allow(dead_code)]
 
-use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+use kvroute::gateway::config::{file::GatewayConfig, KvEventsSpec, WorkerSpec};
 use kvroute::gateway::GatewayHandle;
 use kvroute_sim::SimHandle;
 
