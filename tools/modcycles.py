@@ -4,11 +4,22 @@ uses too) and every inline `crate::a::b`/`super::a` path is an edge from the fil
 file it names (the longest prefix that is a file). Test files (a `tests.rs`/`tests/` module) and
 `#[cfg(test)]` tails are left out. Prints each strongly connected component of more than one file.
 
-    python3 tools/modcycles.py crates/kvroute/src
+    python3 tools/modcycles.py crates/kvroute/src [--layers tools/gateway-layers.txt]
+
+With `--layers FILE`, also checks the file's rules: `layer NAME: MODULE …` names a layer's
+modules (as printed here, `gateway::admin`), `forbid A -> B C` says no module of layer A may
+import one of B or C, and `cover PREFIX` says every module under PREFIX must be in a layer.
+Exits 1 on any cycle or broken rule.
 """
 import os, re, sys
 
-root = sys.argv[1].rstrip("/")
+args = sys.argv[1:]
+layers_file = None
+if "--layers" in args:
+    i = args.index("--layers")
+    layers_file = args[i + 1]
+    del args[i : i + 2]
+root = args[0].rstrip("/")
 mods = {}  # module path tuple -> file
 for d, _, fs in os.walk(root):
     for f in fs:
@@ -125,4 +136,40 @@ n = sum(len(x) for x in out)
 for comp in sorted(out, key=len, reverse=True):
     print(f"cycle of {len(comp)}: " + ", ".join(sorted("::".join(x) or "<root>" for x in comp)))
 print(f"{len(mods)} files, {len(out)} cycles, {n} files in cycles")
-sys.exit(1 if out else 0)
+
+broken = 0
+if layers_file:
+    layer_of, forbid, cover = {}, [], []
+    for line in open(layers_file):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("layer "):
+            name, _, members = line[len("layer "):].partition(":")
+            for mod in members.split():
+                layer_of[mod] = name.strip()
+        elif line.startswith("forbid "):
+            a, _, bs = line[len("forbid "):].partition("->")
+            forbid.append((a.strip(), set(bs.split())))
+        elif line.startswith("cover "):
+            cover.append(line[len("cover "):].strip())
+        else:
+            sys.exit(f"{layers_file}: cannot read {line!r}")
+    names = {"::".join(m): m for m in mods}
+    for name in sorted(layer_of):
+        if name not in names:
+            print(f"layers: {name} is listed but no such module")
+            broken += 1
+    for name in sorted(names):
+        if any(name == c or name.startswith(c + "::") for c in cover) and name not in layer_of:
+            print(f"layers: {name} is in no layer")
+            broken += 1
+    for name, m in sorted(names.items()):
+        for t in sorted(edges[m]):
+            tn = "::".join(t)
+            for a, bs in forbid:
+                if layer_of.get(name) == a and layer_of.get(tn) in bs:
+                    print(f"layers: {name} ({a}) imports {tn} ({layer_of[tn]})")
+                    broken += 1
+    print(f"{len(layer_of)} modules in layers, {broken} broken rules")
+sys.exit(1 if out or broken else 0)
