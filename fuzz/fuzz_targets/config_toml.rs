@@ -2,7 +2,7 @@
 //! panic, and a configuration it accepts validates again after a round trip through TOML.
 #![no_main]
 
-use kvroute::gateway::config::GatewayConfig;
+use kvroute::gateway::config::file::GatewayConfig;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! Owns: argument parsing (clap) and exit codes. Errors surface through `anyhow` with context.
 //! Must not: hold logic that a library crate should own.
 
-use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+use kvroute::gateway::config::{file::GatewayConfig, KvEventsSpec, WorkerSpec};
 use kvroute::gateway::{reload, Gateway};
 use kvroute::{capture, conformance, events, explain, tokens};
 use kvroute_route::PolicyKind;

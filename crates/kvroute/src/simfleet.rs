@@ -14,7 +14,7 @@
 //! Must not: send requests (callers do).
 
 use crate::gateway::config::{
-    CostModel, GatewayConfig, KvEventsSpec, PolicyWeights, Role, WorkerSpec,
+    file::GatewayConfig, CostModel, KvEventsSpec, PolicyWeights, Role, WorkerSpec,
 };
 use crate::gateway::{Gateway, GatewayHandle};
 use anyhow::Result;

@@ -6,7 +6,7 @@
 
 mod common;
 
-use kvroute::gateway::config::GatewayConfig;
+use kvroute::gateway::config::file::GatewayConfig;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, LoraModule, WorkerConfig};
 use serde_json::{json, Value};

@@ -9,7 +9,7 @@
 
 mod common;
 
-use kvroute::gateway::config::GatewayConfig;
+use kvroute::gateway::config::file::GatewayConfig;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
 use serde_json::{json, Value};

@@ -10,11 +10,11 @@
 
 use super::config::WorkerSpec;
 use super::decide::{candidates_for, decide_with, RouteRequest};
-use super::proxy::error;
 use super::registry::{Registry, RegistryError};
 use super::reload::ReloadError;
+use super::reply::error;
+use super::state::AppState;
 use super::tenants::same_secret;
-use super::AppState;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;

@@ -9,7 +9,7 @@
 //! Must not: block, or read anything but the bytes and the worker's counters it is given.
 
 use super::registry::Worker;
-use super::AppState;
+use super::state::AppState;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::time::Instant;

@@ -21,9 +21,10 @@
 
 use super::config::Role;
 use super::decide::Ranked;
-use super::proxy::{attach_decision, error, forward, Booking, Endpoint};
+use super::forward::{attach_decision, forward, Booking, Endpoint};
 use super::registry::Worker;
-use super::AppState;
+use super::reply::error;
+use super::state::AppState;
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::Response;

@@ -1,22 +1,19 @@
 //! The engines' own load figures, polled from every worker's `/metrics`.
 //!
-//! Owns: the poll loop (every worker at once, each with its own timeout, every
-//! `load_poll_interval_secs`), the parsing of vLLM's `vllm:num_requests_running`,
-//! `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` (summed, or for the usage
-//! averaged, over the engine's DP ranks and label sets), and the [`EngineLoad`] snapshot a
+//! Owns: the parsing of vLLM's `vllm:num_requests_running`, `vllm:num_requests_waiting` and
+//! `vllm:kv_cache_usage_perc` (summed, or for the usage averaged, over the engine's DP ranks
+//! and label sets), and the [`EngineLoad`] snapshot a
 //! worker keeps: the figures and what this gateway itself had in flight there when they were
 //! read. A gateway sees only what it sent; replicas of it in front of the same fleet correct
-//! their own bookings with these figures ([`EngineLoad::running_estimate`]).
-//! Invariants: a poll never blocks another worker's (concurrent, bounded by the timeout); a
-//! failed or unparsable poll leaves the last figures in place and marks them stale after
-//! [`STALE_AFTER_POLLS`] intervals, so a silent engine falls back to the gateway's own count;
+//! their own bookings with these figures ([`EngineLoad::running_estimate`]). The poll loop is
+//! [`super::engine_poll`]'s (this module imports no other gateway module: the registry keeps
+//! an [`EngineLoad`] per worker).
+//! Invariants: a failed or unparsable poll leaves the last figures in place and marks them
+//! stale after [`STALE_AFTER_POLLS`] intervals, so a silent engine falls back to the gateway's own count;
 //! negative or non-finite figures are ignored.
-//! Must not: mark workers unhealthy (the health check does) or touch the index.
+//! Must not: do I/O, mark workers unhealthy (the health check does) or touch the index.
 
-use super::registry::{Registry, Worker};
 use serde::Serialize;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Intervals after which figures not refreshed no longer count.
@@ -115,54 +112,6 @@ pub fn apply_metrics(
     load.interval = interval;
     load.polls += 1;
     true
-}
-
-async fn poll_one(client: &reqwest::Client, w: &Worker, interval: Duration, timeout: Duration) {
-    let base = w.spec.url.trim_end_matches('/');
-    let own = w.in_flight.load(Ordering::Relaxed);
-    let own_prefilling = w.prefilling.load(Ordering::Relaxed);
-    let text = async {
-        let r = client
-            .get(format!("{base}/metrics"))
-            .timeout(timeout)
-            .send()
-            .await
-            .ok()?;
-        if !r.status().is_success() {
-            return None;
-        }
-        r.text().await.ok()
-    }
-    .await;
-    let mut load = w.engine_load.lock();
-    let ok = text.is_some_and(|t| apply_metrics(&mut load, &t, own, Instant::now(), interval));
-    if ok {
-        load.own_prefilling_at_poll = own_prefilling;
-    }
-    if !ok {
-        load.failed_polls += 1;
-    }
-}
-
-/// Polls every worker's `/metrics` each `interval`, concurrently, each bounded by `timeout`.
-pub async fn run(
-    registry: Arc<Registry>,
-    client: reqwest::Client,
-    interval: Duration,
-    timeout: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        let workers = registry.all();
-        let polls = workers
-            .iter()
-            .map(|w| poll_one(&client, w, interval, timeout));
-        futures_util::future::join_all(polls).await;
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = stop.changed() => return,
-        }
-    }
 }
 
 #[cfg(test)]

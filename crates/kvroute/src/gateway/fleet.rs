@@ -11,17 +11,31 @@
 //! replaced at once (its in-flight requests still finish: they hold the old worker); a worker
 //! that is desired again while it drains is taken back unchanged; workers added through the
 //! admin API are never touched, and a desired worker whose name they hold is refused.
-//! Must not: choose workers for requests, or await upstream I/O while holding its state lock.
+//! Must not: choose workers for requests, await upstream I/O while holding its state lock, or
+//! import the front door (it reaches the shared state through [`FleetHost`]).
 
-use super::config::WorkerSpec;
-use super::registry::Worker;
-use super::AppState;
+use super::config::{file::GatewayConfig, WorkerSpec};
+use super::metrics::Metrics;
+use super::registry::{Registry, Worker};
+use super::snapshot::Unclaimed;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What the reconciler (and the discovery loop that feeds it) needs of the gateway's shared
+/// state, which implements it (`gateway::state`): the fleet state never imports the front door.
+pub trait FleetHost: Send + Sync + 'static {
+    fn registry(&self) -> &Arc<Registry>;
+    fn fleet(&self) -> &Fleet;
+    /// Snapshot entries for workers discovery may add.
+    fn unclaimed(&self) -> &Unclaimed;
+    fn metrics(&self) -> &Metrics;
+    /// The live configuration (read when it is used: a reload may swap it).
+    fn config(&self) -> Arc<GatewayConfig>;
+}
 
 /// Where a managed worker comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -88,11 +102,11 @@ pub struct Fleet {
 
 impl Fleet {
     /// Takes over the configured workers `Gateway::start` registered.
-    pub fn adopt_static(&self, state: &AppState, specs: &[WorkerSpec]) {
+    pub fn adopt_static(&self, registry: &Registry, specs: &[WorkerSpec]) {
         let mut inner = self.inner.lock();
         inner.statics = specs.to_vec();
         for s in specs {
-            if let Some(worker) = state.registry.get(&s.name) {
+            if let Some(worker) = registry.get(&s.name) {
                 inner.managed.insert(
                     s.name.clone(),
                     Managed {
@@ -110,16 +124,20 @@ impl Fleet {
     }
 
     /// Replaces the configured list (a reload) and reconciles.
-    pub async fn set_static(&self, state: &Arc<AppState>, specs: Vec<WorkerSpec>) -> FleetChanges {
+    pub async fn set_static<H: FleetHost>(
+        &self,
+        state: &Arc<H>,
+        specs: Vec<WorkerSpec>,
+    ) -> FleetChanges {
         let _pass = self.pass.lock().await;
         self.inner.lock().statics = specs;
         self.reconcile(state).await
     }
 
     /// Replaces the discovered set and reconciles.
-    pub async fn set_discovered(
+    pub async fn set_discovered<H: FleetHost>(
         &self,
-        state: &Arc<AppState>,
+        state: &Arc<H>,
         source: Source,
         specs: Vec<WorkerSpec>,
     ) -> FleetChanges {
@@ -147,8 +165,8 @@ impl Fleet {
     }
 
     /// One pass; the caller holds `pass`.
-    async fn reconcile(&self, state: &Arc<AppState>) -> FleetChanges {
-        let registry = &state.registry;
+    async fn reconcile<H: FleetHost>(&self, state: &Arc<H>) -> FleetChanges {
+        let registry = state.registry();
         let mut changes = FleetChanges::default();
         let (desired, mut replace) = {
             let mut inner = self.inner.lock();
@@ -222,7 +240,7 @@ impl Fleet {
                 changes.refused.push(name);
                 continue;
             }
-            let resume = state.unclaimed.take(&spec);
+            let resume = state.unclaimed().take(&spec);
             match registry.add_resumed(spec, resume) {
                 Ok(worker) => {
                     tracing::info!(worker = %name, source = source.name(), url = %worker.spec.url, "worker added");
@@ -249,7 +267,7 @@ impl Fleet {
             .values()
             .filter(|m| m.source != Source::Static)
             .count();
-        state.metrics.discovered_workers.set(discovered as i64);
+        state.metrics().discovered_workers.set(discovered as i64);
         for (label, names) in [
             ("added", &changes.added),
             ("removed", &changes.removed),
@@ -258,7 +276,7 @@ impl Fleet {
         ] {
             if !names.is_empty() {
                 state
-                    .metrics
+                    .metrics()
                     .fleet_changes
                     .with_label_values(&[label])
                     .inc_by(names.len() as u64);
@@ -270,13 +288,13 @@ impl Fleet {
 
 /// Waits for `worker` to finish its in-flight requests (at most the drain timeout), then
 /// removes it, unless it was taken back meanwhile.
-async fn retire(state: Arc<AppState>, name: String, worker: Arc<Worker>) {
+async fn retire<H: FleetHost>(state: Arc<H>, name: String, worker: Arc<Worker>) {
     let timeout = Duration::from_secs_f64(state.config().worker_drain_timeout_secs.max(0.0));
     let deadline = Instant::now() + timeout;
     while worker.in_flight.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let fleet = &state.fleet;
+    let fleet = state.fleet();
     let _pass = fleet.pass.lock().await;
     {
         let mut inner = fleet.inner.lock();
@@ -291,11 +309,11 @@ async fn retire(state: Arc<AppState>, name: String, worker: Arc<Worker>) {
     }
     let left = worker.in_flight.load(Ordering::Relaxed);
     if state
-        .registry
+        .registry()
         .get(&name)
         .is_some_and(|w| Arc::ptr_eq(&w, &worker))
     {
-        let _ = state.registry.remove(&name).await;
+        let _ = state.registry().remove(&name).await;
         if left > 0 {
             tracing::warn!(worker = %name, in_flight = left, "drain timed out: worker removed with requests in flight");
         } else {
@@ -307,7 +325,7 @@ async fn retire(state: Arc<AppState>, name: String, worker: Arc<Worker>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::config::GatewayConfig;
+    use crate::gateway::config::file::GatewayConfig;
     use crate::gateway::registry::LoadGuard;
     use crate::gateway::Gateway;
 

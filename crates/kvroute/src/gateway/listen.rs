@@ -11,12 +11,12 @@
 //! as long as the connection task runs.
 //! Must not: look inside requests (the router does).
 
+pub use super::metrics::ListenerCounts as Counts;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use prometheus::{IntCounter, IntGauge};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,14 +33,6 @@ pub struct Limits {
     pub max_connections: usize,
     /// Bytes of a request's head (hyper's read buffer; at least 8192).
     pub max_header_bytes: usize,
-}
-
-/// What a listener counts.
-#[derive(Clone)]
-pub struct Counts {
-    pub open: IntGauge,
-    pub refused: IntCounter,
-    pub accept_errors: IntCounter,
 }
 
 /// Serves `router` on `listener` until `stop`, then drains.

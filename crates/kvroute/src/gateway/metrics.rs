@@ -4,12 +4,14 @@
 //! and worker, predicted vs engine-reported cached tokens (the prediction error histogram),
 //! predicted vs observed TTFT, decisions where load outweighed the cache (and the cached tokens
 //! given up), hybrid-aware decisions group-blind would see otherwise, decision and proxy
-//! latency, worker failures by reason, snapshot writes and loads, connections per listener,
-//! discovery refreshes, discovered workers, fleet changes and configuration reloads, plus,
-//! rendered at scrape time, the index's counters and size and the wire intake's counters, and
-//! the front door's per-tenant figures (`TenantMetrics`).
+//! latency, worker failures by reason, snapshot writes and loads, connections per listener
+//! (`ListenerCounts`, what `gateway::listen` counts into), discovery refreshes, discovered
+//! workers, fleet changes and configuration reloads, plus, rendered at scrape time, the
+//! index's counters and size and the wire intake's counters, and the front door's per-tenant
+//! figures (`TenantMetrics`).
 //! Invariants: metric names are stable, prefixed `kvroute_`.
-//! Must not: block a request on anything but an atomic update.
+//! Must not: block a request on anything but an atomic update, or import the front door or the
+//! fleet state (both count into it; it reads only the routing core's decision types).
 
 use kvroute_index::Index;
 use kvroute_route::{blind_gap, Candidate};
@@ -45,7 +47,7 @@ pub struct Metrics {
     pub follow_ups: IntCounter,
     /// Workers ejected after failed requests in a row.
     pub ejections: IntCounterVec,
-    /// Worker-side request failures by reason ([`super::proxy::Failure`]).
+    /// Worker-side request failures by reason ([`super::forward`]'s `Failure`).
     pub upstream_failures: IntCounterVec,
     pub expected_follow_ups: Gauge,
     /// Snapshots written (`ok`, `failed`), loads at start (`loaded`, `absent`, `refused`), and
@@ -143,6 +145,14 @@ fn must<T>(r: prometheus::Result<T>) -> T {
         // Metric definitions are static: a failure here is a programming error caught by tests.
         Err(e) => panic!("metric definition: {e}"),
     }
+}
+
+/// What a listener counts (`gateway::listen` counts into it).
+#[derive(Clone)]
+pub struct ListenerCounts {
+    pub open: IntGauge,
+    pub refused: IntCounter,
+    pub accept_errors: IntCounter,
 }
 
 impl Metrics {
@@ -461,8 +471,8 @@ impl Metrics {
     }
 
     /// The connection counters of one listener (`front`, `admin`).
-    pub fn listener(&self, name: &str) -> super::listen::Counts {
-        super::listen::Counts {
+    pub fn listener(&self, name: &str) -> ListenerCounts {
+        ListenerCounts {
             open: self.connections_open.with_label_values(&[name]),
             refused: self.connections_refused.with_label_values(&[name]),
             accept_errors: self.accept_errors.with_label_values(&[name]),

@@ -1,13 +1,20 @@
 //! The gateway: an OpenAI-compatible router in front of a fleet of engines.
 //!
-//! Owns: the shared state (`AppState`, with the live configuration behind `config()`, swapped
-//! whole by a reload), the two listeners (front and admin), and starting and stopping
-//! everything (`Gateway::start`: a snapshot loaded before the workers are added;
-//! `GatewayHandle::shutdown`: graceful, the snapshot written after the last request).
-//! Invariants: the admin API listens on its own address; the front never exposes admin routes;
-//! a request reads the configuration once per use through `config()` (an `Arc` snapshot), never
-//! holding the lock across an await.
-//! Must not: block the runtime (all upstream I/O is async).
+//! Its modules import one way, checked by `tools/modcycles.py` in CI:
+//! - the front door: the listeners ([`listen`]), the request's parse and validation
+//!   ([`request`], [`tokenize`]), the tenants ([`tenants`]), the proxy handler ([`proxy`],
+//!   [`forward`], [`disagg`], the error bodies [`reply`]), reading answers ([`answer`]), the
+//!   admin API ([`admin`]), the probes ([`probes`]), reloads ([`reload`]), the shared state
+//!   ([`state`]) and starting it all ([`server`]);
+//! - the fleet state: the registry ([`registry`]), health checks ([`health`]), engine load
+//!   ([`engine_load`], [`engine_poll`]), discovery ([`discovery`]), the reconciler ([`fleet`]),
+//!   intake ([`intake`]), snapshots ([`snapshot`]) and the learners ([`arrivals`],
+//!   [`conversations`], [`decoding`], [`eviction`], [`pending`], [`sessions`], [`ttft`]);
+//! - the routing core: [`policy`] and [`decide`].
+//!
+//! Configuration ([`config`]) is plain data and [`metrics`] a leaf both layers use.
+//! This file only declares the modules and re-exports the entry points (nothing inside imports
+//! them from here).
 
 pub mod admin;
 pub mod answer;
@@ -19,319 +26,28 @@ pub mod decoding;
 pub mod disagg;
 pub mod discovery;
 pub mod engine_load;
+pub mod engine_poll;
 pub mod eviction;
 pub mod fleet;
+pub mod forward;
 pub mod health;
 pub mod intake;
 pub mod listen;
 pub mod metrics;
 pub mod pending;
+pub mod probes;
 pub mod proxy;
 pub mod registry;
 pub mod reload;
+pub mod reply;
 pub mod request;
+pub mod server;
 pub mod sessions;
 pub mod snapshot;
+pub mod state;
 pub mod tenants;
 pub mod tokenize;
 pub mod ttft;
 
-use axum::routing::{delete, get, post, put};
-use axum::Router;
-use config::GatewayConfig;
-use kvroute_index::Index;
-use kvroute_route::PolicyKind;
-use parking_lot::RwLock;
-use registry::Registry;
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-
-pub struct AppState {
-    /// The live configuration: read it through [`AppState::config`].
-    config: RwLock<Arc<GatewayConfig>>,
-    pub registry: Arc<Registry>,
-    pub metrics: metrics::Metrics,
-    pub tokenizers: tokenize::Tokenizers,
-    pub client: reqwest::Client,
-    pub policy: RwLock<PolicyKind>,
-    pub rr: AtomicU64,
-    /// What the start loaded and the last snapshot written.
-    pub snapshot: parking_lot::Mutex<snapshot::Status>,
-    /// The front door: API keys → tenants and their limits (replaceable at runtime).
-    pub tenants: tenants::Tenants,
-    /// The configured and discovered workers, reconciled into the registry.
-    pub fleet: fleet::Fleet,
-    /// Where the configuration came from, for reloads.
-    pub reloader: reload::Reloader,
-    /// Snapshot entries for workers discovery may add.
-    pub unclaimed: snapshot::Unclaimed,
-    /// When the gateway started (readiness waits a grace period for the first catch-up).
-    pub started: std::time::Instant,
-}
-
-impl AppState {
-    pub fn policy(&self) -> PolicyKind {
-        *self.policy.read()
-    }
-
-    /// Writes a snapshot now (when a path is configured), recording the outcome.
-    pub async fn write_snapshot(&self) -> Option<Result<snapshot::Written, String>> {
-        let path = self.config().snapshot_path.clone()?;
-        let res = snapshot::write_registry(self.registry.clone(), path.clone()).await;
-        let mut st = self.snapshot.lock();
-        Some(match res {
-            Ok(w) => {
-                st.writes += 1;
-                st.last_write = Some(w.clone());
-                self.metrics
-                    .snapshot_writes
-                    .with_label_values(&["ok"])
-                    .inc();
-                self.metrics.snapshot_seconds.set(w.seconds);
-                self.metrics.snapshot_bytes.set(w.bytes as f64);
-                tracing::debug!(path = %path.display(), bytes = w.bytes, ranks = w.ranks, skipped = w.ranks_skipped, seconds = w.seconds, "snapshot written");
-                Ok(w)
-            }
-            Err(e) => {
-                st.failures += 1;
-                st.last_error = Some(e.to_string());
-                self.metrics
-                    .snapshot_writes
-                    .with_label_values(&["failed"])
-                    .inc();
-                tracing::warn!(path = %path.display(), error = %e, "snapshot not written");
-                Err(e.to_string())
-            }
-        })
-    }
-
-    /// The live configuration (a snapshot: a reload swaps in a new one).
-    pub fn config(&self) -> Arc<GatewayConfig> {
-        self.config.read().clone()
-    }
-
-    /// Swaps in a validated configuration ([`reload::apply_reload`] is the one caller).
-    pub(crate) fn set_config(&self, config: GatewayConfig) {
-        *self.config.write() = Arc::new(config);
-    }
-}
-
-pub struct GatewayHandle {
-    pub addr: SocketAddr,
-    pub admin_addr: SocketAddr,
-    pub state: Arc<AppState>,
-    stop: watch::Sender<bool>,
-    /// The two listeners' servers.
-    servers: Vec<JoinHandle<()>>,
-    /// Health checks, load polls, periodic snapshots.
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl GatewayHandle {
-    /// A graceful shutdown: stops accepting connections, lets in-flight requests finish (at most
-    /// `shutdown_timeout_secs`; streams still open then are cut), writes the snapshot, then
-    /// stops every subscription.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let grace = Duration::from_secs_f64(self.state.config().shutdown_timeout_secs.max(0.0));
-        let deadline = tokio::time::Instant::now() + grace;
-        for mut t in self.servers {
-            if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
-                tracing::warn!(
-                    timeout_secs = grace.as_secs_f64(),
-                    "in-flight requests outlived the shutdown timeout: cut"
-                );
-                t.abort();
-            }
-        }
-        for t in self.tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-        }
-        if let Some(Ok(w)) = self.state.write_snapshot().await {
-            tracing::info!(
-                bytes = w.bytes,
-                ranks = w.ranks,
-                "snapshot written at shutdown"
-            );
-        }
-        for w in self.state.registry.all() {
-            let _ = self.state.registry.remove(&w.spec.name).await;
-        }
-    }
-}
-
-pub fn front_router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/completions", post(proxy::completions))
-        .route("/v1/chat/completions", post(proxy::chat))
-        .route("/v1/models", get(proxy::models))
-        .route("/health", get(proxy::health))
-        .route("/health/live", get(health::live))
-        .route("/health/ready", get(health::ready))
-        .route("/metrics", get(proxy::metrics))
-        .with_state(state)
-}
-
-pub fn admin_router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/admin/workers", get(admin::list).post(admin::add))
-        .route("/admin/workers/{name}", delete(admin::remove))
-        .route("/admin/workers/{name}/drain", post(admin::drain))
-        .route("/admin/policy", put(admin::set_policy))
-        .route("/admin/tenants", get(admin::tenants))
-        .route("/admin/reload", post(admin::reload))
-        .route("/admin/explain", post(admin::explain))
-        .route(
-            "/admin/snapshot",
-            get(admin::snapshot_status).post(admin::snapshot_now),
-        )
-        .route("/metrics", get(proxy::metrics))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            admin::auth,
-        ))
-        .with_state(state)
-}
-
-pub struct Gateway;
-
-impl Gateway {
-    /// Binds both listeners, registers the configured workers (starting their subscriptions)
-    /// and serves until `shutdown`.
-    pub async fn start(config: GatewayConfig) -> anyhow::Result<GatewayHandle> {
-        config.validate().map_err(anyhow::Error::msg)?;
-        let index = Arc::new(Index::with_digest_cache(config.digest_cache_tokens));
-        // The eviction figures cost every removal a little: kept only for the charge.
-        index.set_eviction_tracking(config.weights.eviction);
-        let registry = Arc::new(Registry::new(index));
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(
-                config.request_timeout_secs.max(0.1),
-            ))
-            .connect_timeout(Duration::from_secs(3))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build()?;
-        let metrics = metrics::Metrics::new();
-        let tenants = tenants::Tenants::new(&config.tenants, metrics.tenants.clone())?;
-        let state = Arc::new(AppState {
-            registry: registry.clone(),
-            metrics,
-            tenants,
-            tokenizers: tokenize::Tokenizers::default(),
-            client: client.clone(),
-            policy: RwLock::new(config.policy),
-            rr: AtomicU64::new(0),
-            snapshot: parking_lot::Mutex::new(snapshot::Status {
-                path: config.snapshot_path.clone(),
-                ..snapshot::Status::default()
-            }),
-            config: RwLock::new(Arc::new(config.clone())),
-            fleet: fleet::Fleet::default(),
-            reloader: reload::Reloader::default(),
-            unclaimed: snapshot::Unclaimed::default(),
-            started: std::time::Instant::now(),
-        });
-        let mut resume = BTreeMap::new();
-        if let Some(path) = &config.snapshot_path {
-            let discovery = config.discovery.is_some();
-            let (plan, report) =
-                snapshot::load_for(path.clone(), config.workers.clone(), discovery).await;
-            state
-                .metrics
-                .snapshot_loads
-                .with_label_values(&[report.result])
-                .inc();
-            state.snapshot.lock().load = Some(report);
-            resume = plan.resume;
-            state.unclaimed.set(plan.unclaimed);
-        }
-        for w in &config.workers {
-            let ranks = resume.remove(&w.name).unwrap_or_default();
-            registry
-                .add_resumed(w.clone(), ranks)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-        }
-        state.fleet.adopt_static(&state, &config.workers);
-        let front = tokio::net::TcpListener::bind(config.listen).await?;
-        let admin = tokio::net::TcpListener::bind(config.admin_listen).await?;
-        let addr = front.local_addr()?;
-        let admin_addr = admin.local_addr()?;
-        let (stop, stop_rx) = watch::channel(false);
-        let mut servers = Vec::new();
-        let mut tasks = Vec::new();
-        let limits = listen::Limits {
-            header_timeout: Duration::from_secs_f64(config.header_timeout_secs),
-            max_connections: config.max_connections,
-            max_header_bytes: config.max_header_bytes,
-        };
-        for (name, listener, router) in [
-            ("front", front, front_router(state.clone())),
-            ("admin", admin, admin_router(state.clone())),
-        ] {
-            let counts = state.metrics.listener(name);
-            servers.push(tokio::spawn(listen::serve(
-                listener,
-                router,
-                limits.clone(),
-                counts,
-                stop_rx.clone(),
-            )));
-        }
-        let interval = Duration::from_secs_f64(config.health_interval_secs.max(0.05));
-        tasks.push(tokio::spawn(health::run(
-            registry.clone(),
-            client.clone(),
-            interval,
-            stop_rx.clone(),
-        )));
-        if config.snapshot_path.is_some() && config.snapshot_interval_secs > 0.0 {
-            tasks.push(tokio::spawn(periodic_snapshots(
-                state.clone(),
-                Duration::from_secs_f64(config.snapshot_interval_secs),
-                stop_rx.clone(),
-            )));
-        }
-        tasks.push(tokio::spawn(discovery::run(state.clone(), stop_rx.clone())));
-        let poll = Duration::from_secs_f64(config.load_poll_interval_secs.clamp(0.01, 60.0));
-        let poll_timeout = Duration::from_secs_f64(config.load_poll_timeout_secs.clamp(0.01, 60.0));
-        tasks.push(tokio::spawn(engine_load::run(
-            registry,
-            client,
-            poll,
-            poll_timeout,
-            stop_rx,
-        )));
-        tracing::info!(%addr, %admin_addr, policy = config.policy.name(), "gateway listening");
-        Ok(GatewayHandle {
-            addr,
-            admin_addr,
-            state,
-            stop,
-            servers,
-            tasks,
-        })
-    }
-}
-
-/// Writes a snapshot every `every` until stopped (the shutdown writes the last one).
-async fn periodic_snapshots(
-    state: Arc<AppState>,
-    every: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                state.write_snapshot().await;
-            }
-            _ = stop.changed() => return,
-        }
-    }
-}
+pub use server::{admin_router, front_router, Gateway, GatewayHandle};
+pub use state::AppState;

@@ -61,7 +61,8 @@ pub struct Worker {
     pub backlog: Mutex<(f64, Instant)>,
     /// The worker's marginal prefill cost in ms a token (f64 bits; 0: not known yet).
     pub prefill_ms_per_token: AtomicU64,
-    /// The engine's own figures from its `/metrics` ([`super::engine_load`]).
+    /// The engine's own figures from its `/metrics` ([`super::engine_load`], polled by
+    /// [`super::engine_poll`]).
     pub engine_load: Mutex<EngineLoad>,
     pub consecutive_failures: AtomicU32,
     /// Requests in a row the worker failed (5xx, timeouts, broken answers); at

@@ -2,9 +2,10 @@
 //! read again and applied without dropping connections or index state (but for the eviction
 //! charge's figures, which start afresh when `weights.eviction` changes).
 //!
-//! Owns: where the configuration came from ([`ConfigSource`]: the file and the command-line
-//! flags laid over it), one reload at a time, the check of the new configuration as a whole,
-//! and [`apply_reload`], the one place where every live section is applied.
+//! Owns: reading the file again (where it came from, [`ConfigSource`]: the file and the
+//! command-line flags laid over it, and the [`Reloader`] that keeps one reload at a time are
+//! the shared state's, [`super::state`], re-exported here), the check of the new configuration
+//! as a whole, and [`apply_reload`], the one place where every live section is applied.
 //! Invariants: a configuration that does not read or validate is rejected whole with the
 //! reason, and nothing of it is applied; settings that need a restart (the listen addresses,
 //! the digest cache, the health and load-poll intervals, the listeners' connection limits, the
@@ -13,22 +14,12 @@
 //! admin API had switched it; workers keep their index state unless their spec changed.
 //! Must not: restart listeners or touch connections.
 
-use super::config::GatewayConfig;
+use super::config::file::GatewayConfig;
 use super::fleet::FleetChanges;
-use super::AppState;
+use super::state::AppState;
+pub use super::state::{ConfigSource, Overlay, Reloader};
 use serde::Serialize;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-/// Lays the command-line flags over a configuration read from the file.
-pub type Overlay = Arc<dyn Fn(&mut GatewayConfig) -> Result<(), String> + Send + Sync>;
-
-/// Where the running configuration came from.
-#[derive(Clone)]
-pub struct ConfigSource {
-    pub path: PathBuf,
-    pub overlay: Option<Overlay>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -61,23 +52,6 @@ pub struct ReloadReport {
 pub struct PolicyChange {
     pub from: &'static str,
     pub to: &'static str,
-}
-
-/// One reload at a time, and the source to reload from.
-#[derive(Default)]
-pub struct Reloader {
-    source: parking_lot::Mutex<Option<ConfigSource>>,
-    lock: tokio::sync::Mutex<()>,
-}
-
-impl Reloader {
-    pub fn set_source(&self, source: ConfigSource) {
-        *self.source.lock() = Some(source);
-    }
-
-    pub fn source(&self) -> Option<ConfigSource> {
-        self.source.lock().clone()
-    }
 }
 
 /// Reads the file the gateway was started with (flags laid over it, as at start) and applies

@@ -5,7 +5,7 @@
 
 pub mod dns;
 
-use kvroute::gateway::config::{GatewayConfig, KvEventsSpec, WorkerSpec};
+use kvroute::gateway::config::{file::GatewayConfig, KvEventsSpec, WorkerSpec};
 use kvroute::gateway::GatewayHandle;
 use kvroute_sim::SimHandle;
 

@@ -9,7 +9,7 @@ use crate::common;
 use crate::common::dns::Dns;
 use hickory_resolver::proto::rr::rdata::{A, SRV};
 use hickory_resolver::proto::rr::{Name, RData, Record};
-use kvroute::gateway::config::GatewayConfig;
+use kvroute::gateway::config::file::GatewayConfig;
 use kvroute::gateway::discovery::DiscoveryConfig;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{start_worker, Fleet, PublisherConfig, SimHandle, WireFormat, WorkerConfig};

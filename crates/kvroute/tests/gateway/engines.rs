@@ -5,7 +5,7 @@
 
 use axum::routing::get;
 use axum::Router;
-use kvroute::gateway::config::{GatewayConfig, SpeculativeSpec, WorkerSpec};
+use kvroute::gateway::config::{file::GatewayConfig, SpeculativeSpec, WorkerSpec};
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_index::hash::{external, BlockHasher, HashAlgo, DEFAULT_SEED};
 use kvroute_index::{BlockExtras, CacheKind, Engine, Event, Query, Stored};

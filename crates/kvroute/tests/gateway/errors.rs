@@ -1,7 +1,7 @@
 //! The gateway's front and admin API over real HTTP: OpenAI-style errors with the right
 //! statuses, body limits, the admin token, and adding/removing workers.
 
-use kvroute::gateway::config::{GatewayConfig, WorkerSpec};
+use kvroute::gateway::config::{file::GatewayConfig, WorkerSpec};
 use kvroute::gateway::{Gateway, GatewayHandle};
 use serde_json::{json, Value};
 

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use kvroute::gateway::config::GatewayConfig;
+use kvroute::gateway::config::file::GatewayConfig;
 use kvroute::gateway::decide::{candidates_for, snapshot, RouteRequest};
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_route::{decide, RequestFacts};

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use kvroute::gateway::config::GatewayConfig;
+use kvroute::gateway::config::file::GatewayConfig;
 use kvroute::gateway::reload::ConfigSource;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, SimHandle, WorkerConfig};

@@ -378,7 +378,7 @@ async fn replacing_the_tenants_at_runtime_takes_new_keys_and_keeps_a_surviving_t
 
 #[test]
 fn a_toml_config_declares_tenants_and_bad_ones_name_the_field() {
-    use kvroute::gateway::config::GatewayConfig;
+    use kvroute::gateway::config::file::GatewayConfig;
     let c = GatewayConfig::from_toml(
         r#"
         [[tenants]]

@@ -1,7 +1,9 @@
 //! The configuration's tests: TOML in vLLM's vocabulary, validation naming the field, the
 //! engine and speculative settings, the `--worker` keys.
 
+use super::file::GatewayConfig;
 use super::*;
+use kvroute_route::PolicyKind;
 
 #[test]
 fn a_toml_config_reads_like_vllm_flags() {

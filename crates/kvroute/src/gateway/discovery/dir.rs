@@ -10,7 +10,8 @@
 //! empty one empty (the caller keeps its last good set either way).
 //! Must not: follow anything but regular files ending in `.toml` (hidden files are skipped).
 
-use super::{DiscoveryConfig, Outcome};
+use super::outcome::Outcome;
+use crate::gateway::config::discovery::DiscoveryConfig;
 use crate::gateway::config::WorkerSpec;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};

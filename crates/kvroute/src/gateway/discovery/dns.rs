@@ -10,7 +10,8 @@
 //! answer without records is empty: either way the caller keeps its last good set.
 //! Must not: hold state about workers.
 
-use super::{parse_nameserver, DiscoveryConfig, Outcome, RecordKind};
+use super::outcome::Outcome;
+use crate::gateway::config::discovery::{parse_nameserver, DiscoveryConfig, RecordKind};
 use crate::gateway::config::WorkerSpec;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;

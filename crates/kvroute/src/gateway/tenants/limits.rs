@@ -52,7 +52,7 @@ impl Clock for ManualClock {
     }
 }
 
-pub const NS_PER_SEC: u64 = 1_000_000_000;
+pub use crate::gateway::config::tenants::NS_PER_SEC;
 
 /// Why a bucket refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
