@@ -115,7 +115,7 @@ CASES = [
     ("nemotron-h-offload", ["0.32"], "nemotron-h", None, "offloading", 28, 16),
     ("llama-offload-chunk2", ["0.32", "0.33"], "llama", None, "offloading/2", 32, 24),
     ("gpt-oss-offload-chunk2", ["0.32"], "gpt-oss", None, "offloading/2", 32, 40),
-    ("llama-eagle-offload", ["0.32", "0.33"], "llama", EAGLE, "offloading", 28, 24),
+    ("llama-eagle-offload", ["0.32", "0.33"], "llama", EAGLE, "offloading", 48, 16),
     ("llama-simple-cpu", ["0.32", "0.33"], "llama", None, "simple-cpu", 32, 24),
     ("gpt-oss-eagle-simple-cpu", ["0.32", "0.33"], "gpt-oss", EAGLE, "simple-cpu", 28, 40),
     ("nemotron-h-simple-cpu", ["0.32"], "nemotron-h", None, "simple-cpu", 28, 16),
