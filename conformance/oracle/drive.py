@@ -561,8 +561,8 @@ def run_case(case, version, out_dir, seed):
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
-    # gzip without a timestamp or name, so that a regeneration with the same inputs writes
-    # the same bytes.
+    # gzip without a header timestamp or name: a regeneration writes the same requests, and
+    # the same frames but for each batch's own timestamp.
     frames = "".join(json.dumps({"worker": "w0", "frames": fr}) + "\n" for fr in cap.frames)
     reqs = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
     for fname, text in (("frames.jsonl.gz", frames), ("requests.jsonl.gz", reqs)):
