@@ -235,14 +235,13 @@ def build(case, version):
     )
     vc = ea.create_engine_config()
     specs = kv_specs(preset, torch, iface, drafter=spec_cfg is not None)
-    layout_names = [["NHD"]]
-    layout = call(
+    # What a worker reports as its supported layouts (the CPU and CUDA backends' default).
+    call(
         resolve_kv_cache_layout,
         vllm_config=vc,
-        supported_layouts=layout_names,
+        supported_layouts=[["NHD"]],
         kv_cache_specs=list(specs.values()),
     )
-    del layout
     kw = dict(vllm_config=vc, kv_cache_specs=[specs], available_memory=[1 << 30])
     if "global_kv_cache_groups" in inspect.signature(get_kv_cache_configs).parameters:
         from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
@@ -411,9 +410,9 @@ class Spy:
         setattr(obj, name, wrapper)
 
 
-def workload(rng, n_requests, block, window, max_len):
-    """A seeded stream of (kind, prompt builder) decisions; prompts are built at run time
-    (multi-turn needs the previous request's output)."""
+def workload(rng, n_requests):
+    """The seeded kinds of a case's requests; prompts are built at run time (a multi-turn
+    request needs the previous request's output)."""
     kinds = ["fresh", "turn", "branch", "repeat", "extend", "turn", "branch", "long"]
     return [rng.choice(kinds) for _ in range(n_requests)]
 
@@ -462,7 +461,7 @@ def run_case(case, version, out_dir, seed):
     window = next((x for k, _, x in preset["layers"] if k in ("window", "chunked")), None)
     rng = random.Random(seed)
     max_len = preset["max_len"]
-    kinds = workload(rng, n_requests, preset["block"], window, max_len)
+    kinds = workload(rng, n_requests)
     history, records = [], []
     for i, kind in enumerate(kinds):
         prompt, kind = make_prompt(rng, kind, history, preset["block"], window, max_len)
@@ -537,8 +536,7 @@ def run_case(case, version, out_dir, seed):
         history.append({"prompt": prompt, "output": output})
     import vllm
 
-    vname = f"{version}"
-    d = os.path.join(out_dir, f"v{vname.replace('.', '')}-{name}")
+    d = os.path.join(out_dir, f"v{version.replace('.', '')}-{name}")
     if os.path.exists(d):
         shutil.rmtree(d)
     os.makedirs(d)
