@@ -197,6 +197,13 @@ pub struct Params {
     pub unitary: bool,
     /// EAGLE/MTP drop (`LookupConfig::eagle`, unless vLLM 0.33's lookahead hashes are on).
     pub eagle: bool,
+    /// Under the drop, only full-attention lookups drop: the engine flags the groups holding
+    /// the drafter's layers (`LookupConfig::drafter_groups_unflagged` is false), which are
+    /// full attention for every drafter kvroute knows, and vLLM's coordinator drops only in
+    /// the spec groups holding a flagged group (`SpecGroup.use_eagle` in vLLM 0.33's
+    /// `v1/core/kv_cache_coordinator.py`). False: every lookup drops (no group flagged).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub eagle_full_only: bool,
     /// vLLM 0.33's lookahead tokens per block hash (`WorkerConfig::hash_lookahead_tokens` on a
     /// 0.33 worker; 0 otherwise): the request is hashed with them and a hit is at most
     /// `⌊(n − max(1, L)) / A⌋ · A`.
@@ -289,6 +296,7 @@ impl Layout {
             fine_grained,
             unitary,
             eagle: rules.eagle_drop,
+            eagle_full_only: rules.eagle_drop && !cfg.drafter_groups_unflagged,
             lookahead: rules.lookahead,
         })
     }

@@ -470,17 +470,23 @@ impl Ctx<'_> {
         }
     }
 
-    /// HybridKVCacheCoordinator.find_longest_cache_hit with every group an EAGLE group
-    /// (UnitaryKVCacheCoordinator for one group).
+    /// HybridKVCacheCoordinator.find_longest_cache_hit with every group an EAGLE group, or
+    /// only the full-attention ones (`Params::eagle_full_only`) (UnitaryKVCacheCoordinator for
+    /// one group).
     fn coordinate_eagle(&self, lookups: &[(GroupSpec, Vec<u32>)], max_len: u64) -> u64 {
         for (spec, _) in lookups {
             if spec.block_size % self.p.hash_block != 0 {
                 return 0;
             }
         }
+        // vLLM groups layers of one spec into one lookup and drops in it when any of its
+        // groups is flagged as the drafter's; kvroute takes the drafter's layers to be full
+        // attention when the engine flags them (`Params::eagle_full_only`).
+        let is_eagle =
+            |spec: &GroupSpec| !self.p.eagle_full_only || spec.rule() == Rule::FullAttention;
         if self.p.unitary {
             return match lookups.first() {
-                Some((spec, groups)) => self.find_eagle(spec, groups, max_len, true),
+                Some((spec, groups)) => self.find_eagle(spec, groups, max_len, is_eagle(spec)),
                 None => 0,
             };
         }
@@ -498,7 +504,7 @@ impl Ctx<'_> {
                         continue;
                     }
                 }
-                let drop_eagle_block = !eagle_verified.contains(&idx);
+                let drop_eagle_block = is_eagle(spec) && !eagle_verified.contains(&idx);
                 let mut max_length = curr_hit_length;
                 if drop_eagle_block
                     && spec.rule() != Rule::Mamba

@@ -374,8 +374,9 @@ fn make_view<'a>(
     })
 }
 
-/// vLLM's coordinator with EAGLE/MTP on (every group an EAGLE group), over the lookups in
-/// `order`: each lookup not yet verified at the current length looks one unit past it and
+/// vLLM's coordinator with EAGLE/MTP on (every group an EAGLE group, or with
+/// `Params::eagle_full_only` the full-attention ones), over the lookups in `order`: each EAGLE
+/// lookup not yet verified at the current length looks one unit past it and
 /// drops back (Mamba never drops, chunked local does not support the drop), a shrink by an
 /// unverified-free lookup invalidates the verifications, full attention is computed once and
 /// then trimmed, and a two-lookup hybrid led by full attention takes one pass.
@@ -398,12 +399,14 @@ fn eagle_coordinate(
         Rule::Mamba => v.mamba(max),
         Rule::NotCacheable => max,
     };
+    // Whether a lookup of this rule is an EAGLE lookup (`Params::eagle_full_only`).
+    let eagle_rule = |rule: Rule| !p.eagle_full_only || rule == Rule::FullAttention;
     if p.unitary {
         return match order
             .first()
             .and_then(|i| views[*i].as_ref().map(|v| (v, lookups[*i].spec)))
         {
-            Some((v, spec)) => find(v, spec, max_len, true),
+            Some((v, spec)) => find(v, spec, max_len, eagle_rule(spec.rule())),
             None => 0,
         };
     }
@@ -423,7 +426,7 @@ fn eagle_coordinate(
                 curr = curr.min(f);
                 continue;
             }
-            let drop = !verified[i];
+            let drop = eagle_rule(rule) && !verified[i];
             let mut max = curr;
             if drop && rule != Rule::Mamba && rule != Rule::ChunkedLocal {
                 let b = spec.block_size as u64;

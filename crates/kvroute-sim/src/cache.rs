@@ -29,8 +29,21 @@ pub struct CacheConfig {
     /// Nemotron-H); GDN (Qwen3-Next) does not, so the scheduler splits chunks there instead.
     pub prefill_checkpoints: bool,
     /// EAGLE-style speculation whose matches drop the last block (vLLM 0.32, or 0.33 without
-    /// lookahead hashes): every group is an EAGLE group.
+    /// lookahead hashes): every group is an EAGLE group, or with `eagle_full_only` the
+    /// full-attention ones.
     pub eagle_drop: bool,
+    /// The engine flags the groups holding the drafter's layers (`Speculative::
+    /// flags_drafter_groups`; full attention for every drafter modeled here): only those
+    /// groups' managers and lookups drop and shift their window masks, as vLLM's coordinator
+    /// decides the drop per spec group (`SpecGroup.use_eagle`).
+    pub eagle_full_only: bool,
+}
+
+impl CacheConfig {
+    /// Whether a group of `kind` is an EAGLE group (drops the EAGLE block).
+    pub fn eagle_group(&self, kind: GroupKind) -> bool {
+        self.eagle_drop && (!self.eagle_full_only || kind.is_full())
+    }
 }
 
 /// The request facts the manager needs.
@@ -170,9 +183,9 @@ impl KvCache {
         let a = self.params.align as usize;
         let h = self.params.hash_block;
         let n_groups = self.groups.len();
-        let eagle = self.cfg.eagle_drop;
         if self.params.unitary {
             let (spec, ids) = &self.lookups[0];
+            let eagle = self.cfg.eagle_group(spec.kind);
             let (blocks, len) = groups::find(pool, hashes, h, spec, ids, max_len, a, eagle);
             return finish(n_groups, vec![(ids.clone(), blocks)], len, 0);
         }
@@ -192,7 +205,7 @@ impl KvCache {
                         continue;
                     }
                 }
-                let drop = eagle && !verified[li];
+                let drop = self.cfg.eagle_group(spec.kind) && !verified[li];
                 let mut max = curr;
                 if drop && spec.kind != GroupKind::Mamba {
                     // Match one block past the candidate, then drop it (a Mamba finder never
@@ -346,14 +359,14 @@ impl KvCache {
         let boundaries = [req.num_prompt.saturating_sub(1)];
         let sched = self.params.scheduler_block as usize;
         let unitary = self.params.unitary;
-        let ctx = groups::CacheCtx {
-            align: self.params.align as usize,
-            hash_block: self.params.hash_block as usize,
-            retention: self.cfg.retention,
-            boundaries: &boundaries,
-            eagle: self.cfg.eagle_drop,
-        };
         for gi in 0..self.groups.len() {
+            let ctx = groups::CacheCtx {
+                align: self.params.align as usize,
+                hash_block: self.params.hash_block as usize,
+                retention: self.cfg.retention,
+                boundaries: &boundaries,
+                eagle: self.cfg.eagle_group(self.groups[gi].spec.kind),
+            };
             let n = if unitary {
                 num_computed
             } else {

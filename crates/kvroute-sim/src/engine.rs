@@ -114,6 +114,11 @@ impl Engine {
                 retention: cfg.retention,
                 prefill_checkpoints: cfg.prefill_checkpoints,
                 eagle_drop: rules.eagle_drop,
+                eagle_full_only: rules.eagle_drop
+                    && cfg
+                        .speculative
+                        .as_ref()
+                        .is_some_and(|s| s.flags_drafter_groups(cfg.engine)),
             },
             cfg.worker.clone(),
             cfg.dp_rank,

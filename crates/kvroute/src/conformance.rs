@@ -1,22 +1,29 @@
 //! `kvroute conformance`: replay a recorded corpus through the wire decoder and the index and
 //! compare every prediction with the engine's own `num_cached_tokens`.
 //!
-//! Owns: reading the `kvroute-conformance/1` format (meta.json, frames.jsonl, requests.jsonl),
-//! the replay order (frames `[0, after_frame)` before each request), and the report: each
-//! mismatch with its per-group evidence, the group-blind comparison, and `N passed, M failed`.
+//! Owns: reading the `kvroute-conformance/1` format (meta.json, frames.jsonl, requests.jsonl,
+//! each `.jsonl` possibly gzipped as `.jsonl.gz`), the replay order (frames `[0, after_frame)`
+//! before each request), the worker configuration a corpus's engine arguments imply (hash
+//! settings, speculative decoding, an offload connector), and the report: each mismatch with
+//! its per-group evidence, the group-blind comparison, and `N passed, M failed`. For the
+//! fixtures recorded from vLLM's own scheduler (`conformance/oracle/`) it also checks the
+//! offload tier's part of each hit (`external_cached_tokens`), the lookahead count vLLM derived
+//! against kvroute's, and, with `reference`, the literal reference model on the same events.
 //! Invariants: a corpus that cannot be read is an error naming the file and line; predictions
-//! use only the corpus's hash settings and the events.
+//! use only the corpus's hash settings, its engine arguments and the events.
 //! Must not: adjust a prediction to fit the engine.
 
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
+use kvroute_index::reference::Reference;
+use kvroute_index::tier::OffloadConnector;
 use kvroute_index::{
     BlockExtras, Engine, HashAlgo, HashMode, Index, LookupConfig, Query, Speculative, WorkerConfig,
 };
 use kvroute_wire::{decode_batch, split_live, Dialect};
 use serde::{Deserialize, Serialize};
 use std::io::BufRead;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Deserialize)]
 pub struct Meta {
@@ -37,6 +44,10 @@ pub struct Meta {
     pub workers: Vec<String>,
     #[serde(default)]
     pub scenario: String,
+    /// What vLLM's own code derived (fixtures of `conformance/oracle/drive.py`): block sizes,
+    /// `num_hash_lookahead_tokens`, the groups.
+    #[serde(default)]
+    pub oracle: Option<serde_json::Value>,
 }
 
 fn default_algo() -> String {
@@ -68,6 +79,18 @@ pub struct RequestLine {
     pub lora_name: Option<String>,
     #[serde(default)]
     pub lora_path: Option<String>,
+    /// The part of `num_cached_tokens` the KV connector served (vLLM's
+    /// `num_external_cached_tokens`); recorded by the oracle fixtures, checked against the
+    /// prediction's tier part when present.
+    #[serde(default)]
+    pub external_cached_tokens: Option<u64>,
+}
+
+/// How a corpus is checked beyond the index's prediction.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckOptions {
+    /// Also replay the events into the literal reference model and compare its hit.
+    pub reference: bool,
 }
 
 /// The outcome of one corpus.
@@ -85,12 +108,36 @@ pub struct CorpusReport {
     pub dropped_events: usize,
     pub hash_check_matched: u64,
     pub hash_check_mismatched: u64,
+    /// Requests whose tier part (`external_cached_tokens`) was checked.
+    pub tier_checked: usize,
+    /// Of those, requests the engine served partly from a tier.
+    pub tier_served: usize,
+    /// Requests the reference model predicted (with `CheckOptions::reference`), and how many
+    /// of them it got wrong (each also counts in `failed`).
+    pub reference_checked: usize,
+    pub reference_failed: usize,
+}
+
+/// `DIR/NAME.jsonl`, or `DIR/NAME.jsonl.gz` when only the gzipped file exists.
+pub fn jsonl_path(dir: &Path, name: &str) -> PathBuf {
+    let plain = dir.join(format!("{name}.jsonl"));
+    let gz = dir.join(format!("{name}.jsonl.gz"));
+    if !plain.exists() && gz.exists() {
+        gz
+    } else {
+        plain
+    }
 }
 
 pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
     let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let reader: Box<dyn BufRead> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(std::io::BufReader::new(flate2::read::GzDecoder::new(f)))
+    } else {
+        Box::new(std::io::BufReader::new(f))
+    };
     let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+    for (i, line) in reader.lines().enumerate() {
         let line =
             line.with_context(|| format!("{}:{}: unreadable line", path.display(), i + 1))?;
         if line.trim().is_empty() {
@@ -127,9 +174,37 @@ pub fn worker_config(meta: &Meta) -> Result<WorkerConfig> {
         .engine_args
         .get("speculative_config")
         .filter(|v| !v.is_null());
-    let hash_lookahead_tokens = speculative
-        .and_then(|v| serde_json::from_value::<Speculative>(v.clone()).ok())
-        .map_or(0, |s| s.hash_lookahead_tokens(engine));
+    let parsed = speculative.and_then(|v| serde_json::from_value::<Speculative>(v.clone()).ok());
+    // A KV connector (`--kv-transfer-config`) keeps vLLM 0.33's lookahead hashes off.
+    let transfer = meta
+        .engine_args
+        .get("kv_transfer_config")
+        .filter(|v| !v.is_null());
+    let hash_lookahead_tokens = match (&parsed, transfer) {
+        (Some(s), None) => s.hash_lookahead_tokens(engine),
+        _ => 0,
+    };
+    // The drop as the engine derives it; a configuration kvroute cannot read keeps the old
+    // reading (any speculative configuration drops).
+    let eagle = match &parsed {
+        Some(s) => s.drops_eagle_block(engine),
+        None => speculative.is_some(),
+    };
+    let drafter_groups_unflagged = parsed
+        .as_ref()
+        .is_some_and(|s| !s.flags_drafter_groups(engine));
+    let connector = transfer
+        .and_then(|t| t.get("kv_connector"))
+        .and_then(|c| c.as_str());
+    let offload_connector = match connector {
+        Some("SimpleCPUOffloadConnector") => OffloadConnector::SimpleCpu,
+        _ => OffloadConnector::Offloading,
+    };
+    let offload_chunk_blocks = transfer
+        .and_then(|t| t.get("kv_connector_extra_config"))
+        .and_then(|e| e.get("blocks_per_chunk"))
+        .and_then(|v| v.as_u64())
+        .and_then(|v| u32::try_from(v).ok());
     Ok(WorkerConfig {
         hash: HashMode::Engine {
             algo,
@@ -138,10 +213,10 @@ pub fn worker_config(meta: &Meta) -> Result<WorkerConfig> {
         lookup: LookupConfig {
             hash_block_size: unit,
             chunk_size: chunk,
-            eagle: speculative.is_some(),
-            offload_chunk_blocks: None,
-            offload_connector: Default::default(),
-            drafter_groups_unflagged: false,
+            eagle,
+            offload_chunk_blocks,
+            offload_connector,
+            drafter_groups_unflagged,
         },
         verify_hashes: true,
         engine,
@@ -154,6 +229,16 @@ pub fn run_corpus(
     dir: &Path,
     out: &mut impl std::io::Write,
     verbose: bool,
+) -> Result<CorpusReport> {
+    run_corpus_with(dir, out, verbose, CheckOptions::default())
+}
+
+/// Runs one corpus with `options`; prints mismatches to `out`.
+pub fn run_corpus_with(
+    dir: &Path,
+    out: &mut impl std::io::Write,
+    verbose: bool,
+    options: CheckOptions,
 ) -> Result<CorpusReport> {
     let meta_path = dir.join("meta.json");
     let meta: Meta = serde_json::from_slice(
@@ -175,15 +260,38 @@ pub fn run_corpus(
         meta.none_hash_seed,
         meta.scenario
     )?;
-    let frames: Vec<FrameLine> = read_jsonl(&dir.join("frames.jsonl"))?;
-    let requests: Vec<RequestLine> = read_jsonl(&dir.join("requests.jsonl"))?;
-    let index = Index::with_default(worker_config(&meta)?);
+    let frames_path = jsonl_path(dir, "frames");
+    let requests_path = jsonl_path(dir, "requests");
+    let frames: Vec<FrameLine> = read_jsonl(&frames_path)?;
+    let requests: Vec<RequestLine> = read_jsonl(&requests_path)?;
+    let config = worker_config(&meta)?;
+    let index = Index::with_default(config.clone());
+    let mut reference = options
+        .reference
+        .then(|| Reference::with_default(config.clone()));
     let mut report = CorpusReport {
         corpus: dir.display().to_string(),
         requests: requests.len(),
         frames: frames.len(),
         ..CorpusReport::default()
     };
+    // vLLM's own `num_hash_lookahead_tokens` (oracle fixtures) against kvroute's derivation.
+    let engine_lookahead = meta
+        .oracle
+        .as_ref()
+        .and_then(|o| o.get("num_hash_lookahead_tokens"))
+        .and_then(|v| v.as_u64());
+    if let Some(l) = engine_lookahead {
+        if l != u64::from(config.hash_lookahead_tokens) {
+            report.failed += 1;
+            writeln!(
+                out,
+                "FAIL {}: vLLM derived num_hash_lookahead_tokens {l}, kvroute {}",
+                dir.display(),
+                config.hash_lookahead_tokens
+            )?;
+        }
+    }
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut applied = 0usize;
     for (ri, req) in requests.iter().enumerate() {
@@ -204,31 +312,22 @@ pub fn run_corpus(
                 .map(|f| b64.decode(f))
                 .collect::<Result<_, _>>()
                 .with_context(|| {
-                    format!(
-                        "{}:{}: bad base64",
-                        dir.join("frames.jsonl").display(),
-                        applied + 1
-                    )
+                    format!("{}:{}: bad base64", frames_path.display(), applied + 1)
                 })?;
             let refs: Vec<&[u8]> = raw.iter().map(Vec::as_slice).collect();
-            let live = split_live(&refs).map_err(|e| {
-                anyhow::anyhow!(
-                    "{}:{}: {e}",
-                    dir.join("frames.jsonl").display(),
-                    applied + 1
-                )
-            })?;
+            let live = split_live(&refs)
+                .map_err(|e| anyhow::anyhow!("{}:{}: {e}", frames_path.display(), applied + 1))?;
             let worker: kvroute_index::WorkerId = line.worker.as_str().into();
             let batch = decode_batch(&worker, live.payload, Dialect::Vllm).map_err(|e| {
-                anyhow::anyhow!(
-                    "{}:{}: {:?}",
-                    dir.join("frames.jsonl").display(),
-                    applied + 1,
-                    e
-                )
+                anyhow::anyhow!("{}:{}: {:?}", frames_path.display(), applied + 1, e)
             })?;
             report.dropped_events += batch.drops.len();
             index.apply_all(&batch.events);
+            if let Some(r) = reference.as_mut() {
+                for ev in &batch.events {
+                    r.apply(ev);
+                }
+            }
             applied += 1;
         }
         let q = Query {
@@ -239,8 +338,22 @@ pub fn run_corpus(
             },
             skip_prefix_cache: req.skip_prefix_cache,
         };
-        let p = index.predict(&req.worker.as_str().into(), 0, &q);
-        let ok = p.cached == req.num_cached_tokens;
+        let worker: kvroute_index::WorkerId = req.worker.as_str().into();
+        let p = index.predict(&worker, 0, &q);
+        let tier_ok = req.external_cached_tokens.is_none_or(|t| t == p.tier);
+        if let Some(t) = req.external_cached_tokens {
+            report.tier_checked += 1;
+            report.tier_served += usize::from(t > 0);
+        }
+        let reference_hit = reference.as_ref().map(|r| r.predict(&worker, 0, &q).0);
+        let reference_ok = reference_hit.is_none_or(|h| h == req.num_cached_tokens);
+        if reference_hit.is_some() {
+            report.reference_checked += 1;
+            if !reference_ok {
+                report.reference_failed += 1;
+            }
+        }
+        let ok = p.cached == req.num_cached_tokens && tier_ok && reference_ok;
         if req.num_cached_tokens != p.group_blind {
             report.group_blind_wrong += 1;
             if p.group_blind > req.num_cached_tokens {
@@ -271,6 +384,17 @@ pub fn run_corpus(
                 req.prompt_token_ids.len(),
                 p.group_blind
             )?;
+            if let Some(t) = req.external_cached_tokens {
+                writeln!(
+                    out,
+                    "     tier: predicted {} ({}), engine's connector {t}",
+                    p.tier,
+                    p.tier_medium.as_deref().unwrap_or("none")
+                )?;
+            }
+            if let Some(h) = reference_hit {
+                writeln!(out, "     reference model: {h}")?;
+            }
             if let Some(params) = &p.params {
                 writeln!(
                     out,

@@ -126,6 +126,9 @@ enum Cmd {
         /// Write the per-corpus report as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Also replay every corpus into the literal reference model and check its hits.
+        #[arg(long)]
+        reference: bool,
     },
 }
 
@@ -641,6 +644,7 @@ async fn main() -> Result<()> {
             dirs,
             verbose,
             json,
+            reference,
         } => {
             if dirs.is_empty() {
                 bail!("name at least one corpus directory");
@@ -648,13 +652,28 @@ async fn main() -> Result<()> {
             let (mut passed, mut failed) = (0, 0);
             let mut reports = Vec::new();
             for d in &dirs {
-                let r = conformance::run_corpus(d, &mut out, verbose)?;
+                let options = conformance::CheckOptions { reference };
+                let r = conformance::run_corpus_with(d, &mut out, verbose, options)?;
                 use std::io::Write;
                 writeln!(
                     out,
                     "{}: {} requests, {} passed, {} failed; a group-blind predictor would be wrong on {} ({} too high); hash check {} matched, {} mismatched; {} events dropped",
                     r.corpus, r.requests, r.passed, r.failed, r.group_blind_wrong, r.group_blind_over, r.hash_check_matched, r.hash_check_mismatched, r.dropped_events
                 )?;
+                if r.tier_checked > 0 {
+                    writeln!(
+                        out,
+                        "{}: tier part checked on {} requests ({} served from a tier)",
+                        r.corpus, r.tier_checked, r.tier_served
+                    )?;
+                }
+                if reference {
+                    writeln!(
+                        out,
+                        "{}: reference model checked on {} requests, {} wrong",
+                        r.corpus, r.reference_checked, r.reference_failed
+                    )?;
+                }
                 passed += r.passed;
                 failed += r.failed;
                 reports.push(r);

@@ -1,4 +1,6 @@
-//! The command line, run as a real process: the conformance check on every committed corpus,
+//! The command line, run as a real process: the conformance check on every committed corpus
+//! and on every fixture recorded from vLLM's own scheduler code (`conformance/oracle/`, with
+//! the tier part and the reference model),
 //! `hash` against the spec's test vectors, `events decode` → `explain` round trip, and clear
 //! errors on unreadable corpora; `sim-worker` started as each engine generation.
 
@@ -42,6 +44,72 @@ fn every_committed_corpus_passes_the_conformance_check() {
         stdout.contains("hash check") && stdout.contains(" 0 mismatched"),
         "{stdout}"
     );
+}
+
+/// The fixtures `conformance/oracle/drive.py` recorded from vLLM 0.32's and 0.33's own
+/// scheduler-side code (KV cache manager, block pool events, offload connectors): the index's
+/// prediction, its tier part and the reference model's prediction must equal vLLM's hit on
+/// every request, except exactly the requests `known-disagreements.txt` lists.
+#[test]
+fn every_oracle_fixture_agrees_with_vllm_s_own_code_but_the_listed_disagreements() {
+    let root = repo().join("conformance/oracle");
+    let mut dirs: Vec<String> = std::fs::read_dir(root.join("fixtures"))
+        .expect("conformance/oracle/fixtures")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("meta.json").exists())
+        .map(|e| e.path().display().to_string())
+        .collect();
+    dirs.sort();
+    for version in ["v032-", "v033-"] {
+        assert!(
+            dirs.iter().any(|d| d.contains(version)),
+            "no {version} fixture"
+        );
+    }
+    let mut args = vec!["conformance", "--reference"];
+    args.extend(dirs.iter().map(String::as_str));
+    let out = kvroute(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let failing: std::collections::BTreeSet<String> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("FAIL "))
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            let dir = words.next().unwrap_or_default();
+            let name = dir.rsplit('/').next().unwrap_or(dir).trim_end_matches(':');
+            format!("{name} {}", words.next().unwrap_or_default())
+        })
+        .collect();
+    let listed = std::fs::read_to_string(root.join("known-disagreements.txt"))
+        .expect("known-disagreements.txt");
+    let known: std::collections::BTreeSet<String> = listed
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        failing,
+        known,
+        "failing requests differ from known-disagreements.txt\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.success(), known.is_empty(), "{stdout}");
+    // The tier part was checked, and some requests were served from a tier.
+    let served: usize = stdout
+        .lines()
+        .filter_map(|l| l.split("tier part checked on ").nth(1))
+        .filter_map(|l| {
+            l.split('(')
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    assert!(served > 50, "tier-served requests: {served}\n{stdout}");
+    assert!(stdout.contains("reference model checked on"), "{stdout}");
 }
 
 #[test]

@@ -15,4 +15,5 @@ mod http_api;
 mod index_agreement;
 mod lora;
 mod openai_client;
+mod oracle_agreement;
 mod wire_stream;
