@@ -14,7 +14,7 @@
 
 use crate::config::{CostModel, PolicyKind, PolicyWeights, PrefillStall};
 use crate::rank::{rank, Candidate};
-use crate::snapshot::{RequestFacts, Snapshot, WorkerFacts};
+use crate::snapshot::{Outlook, RequestFacts, Snapshot, WorkerFacts};
 use crate::terms::{
     decode_interference_ms, delay_to_others_ms, eviction_ms, expected_output, faded,
     junction_credit, later_turns_ms, load_delay_ms, next_arrivals_ms, prefill_stall_ms,
@@ -153,12 +153,7 @@ fn candidate(
     } else {
         0
     };
-    let checkpoints = if o.align > 0 {
-        let at_junction = if o.prefix > o.forecast { o.prefix } else { 0 };
-        [prompt_checkpoint(n, o.align), at_junction]
-    } else {
-        [0, 0]
-    };
+    let checkpoints = checkpoints(n, &o);
     let forecast_cached = o.forecast.saturating_sub(cached);
     let expected = n.saturating_sub(cached + forecast_cached);
     let ms_per_token = w.ttft.ms_per_token();
@@ -182,21 +177,7 @@ fn candidate(
         decode_interference_ms(w.decode_delta_ms, h.output_tokens, h.mean_output, running)
     };
     let decode_interference = decode(w.running as f64) + h.follow_ups * decode(w.mean_running);
-    // Each of a new conversation's later turns lengthens, with its prefill's chunks, the steps
-    // of the requests running there then; with `all`, so does this request's own prefill those
-    // in flight now (a tier's load is a transfer beside the steps, not compute in them).
-    let later_stall = || {
-        h.cycle.map_or(0.0, |(_, s)| {
-            h.follow_ups * prefill_stall_ms(s, w.mean_running)
-        })
-    };
-    let prefill_stall = match weights.prefill_stall {
-        PrefillStall::Off => 0.0,
-        PrefillStall::LaterTurns => later_stall(),
-        PrefillStall::All => {
-            later_stall() + prefill_stall_ms((own_ms - tier_load).max(0.0), w.running as f64)
-        }
-    };
+    let prefill_stall = prefill_stall(weights.prefill_stall, h, w, (own_ms - tier_load).max(0.0));
     let eviction = if weights.eviction && weights.cost == CostModel::Ttft && policy.uses_cache() {
         eviction_ms(expected as f64, w.eviction_rate, ms_per_token)
     } else {
@@ -227,6 +208,34 @@ fn candidate(
         cost: 0.0,
         checkpoints,
     }
+}
+
+/// The prefill stall charged under `variant`: each of a new conversation's later turns
+/// lengthens, with its prefill's chunks, the steps of the requests running there then; with
+/// `all`, so does this request's own prefill (`own_compute_ms`: a tier's load is a transfer
+/// beside the steps, not compute in them) those in flight now.
+fn prefill_stall(variant: PrefillStall, h: &Horizon, w: &WorkerFacts, own_compute_ms: f64) -> f64 {
+    let later_stall = || {
+        h.cycle.map_or(0.0, |(_, s)| {
+            h.follow_ups * prefill_stall_ms(s, w.mean_running)
+        })
+    };
+    match variant {
+        PrefillStall::Off => 0.0,
+        PrefillStall::LaterTurns => later_stall(),
+        PrefillStall::All => later_stall() + prefill_stall_ms(own_compute_ms, w.running as f64),
+    }
+}
+
+/// Where the engine will checkpoint a prompt of `n` tokens sent to a worker with outlook `o`:
+/// its last aligned position, and its junction where the worker holds a longer full-attention
+/// prefix than it serves (none without an outlook).
+fn checkpoints(n: u64, o: &Outlook) -> [u64; 2] {
+    if o.align == 0 {
+        return [0, 0];
+    }
+    let at_junction = if o.prefix > o.forecast { o.prefix } else { 0 };
+    [prompt_checkpoint(n, o.align), at_junction]
 }
 
 /// Each candidate's [`next_arrivals_ms`]: the fleet's request rate (every candidate's
