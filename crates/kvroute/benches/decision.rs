@@ -1,8 +1,8 @@
 //! Routing decision time: p50/p99 per decision (request hashing included: the gateway's
 //! snapshot of the fleet, then the routing core's ranking) for 64 workers and 8k-token prompts
 //! (or `KVROUTE_BENCH_WORKERS` workers and `KVROUTE_BENCH_TOKENS`-token prompts), under each
-//! cache policy, with the index's digest cache off and on (a fresh fleet per policy). Not a
-//! pass/fail test; figures go to docs/benchmarks.md with these commands:
+//! cache policy, with the index's digest cache off and on (a fresh fleet per policy); 400
+//! requests or three per worker, whichever is more. Not a pass/fail test; figures go to docs/benchmarks.md with these commands:
 //!
 //! ```sh
 //! cargo bench -p kvroute --bench decision
@@ -82,7 +82,9 @@ fn main() {
         ] {
             // A fresh fleet and index per policy: each starts from a cold cache.
             let (registry, prompts) = fleet(&hasher, cache_tokens, workers, tokens_per_prompt);
-            let requests = (0..400).map(|i| {
+            // Every prompt is continued at least three times, so the digest cache's repeats
+            // are measured at any fleet size (the first of each is cold: the p99 at 64 workers).
+            let requests = (0..400.max(3 * workers)).map(|i| {
                 let mut req = prompts[i % workers].clone();
                 req.extend(tokens(i as u64 + 77, 64));
                 req

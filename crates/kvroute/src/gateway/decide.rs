@@ -42,6 +42,7 @@ struct Best {
 }
 
 pub struct Ranked<'a> {
+    /// The workers best first: `order[i]` is `decision.candidates[i]`'s.
     pub order: Vec<Arc<Worker>>,
     /// The request as recorded in flight on the chosen worker (hybrid-aware only).
     pub prompt: Option<Prompt<'a>>,
@@ -135,11 +136,15 @@ pub fn decide_with<'a>(
         rr: req.rr,
     };
     let mut decision = kvroute_route::decide(policy, weights, &facts, &taken.snapshot);
+    // Candidate i of the ranking is order[i]: every candidate is one of `workers`.
+    let by_name: HashMap<&str, &Arc<Worker>> =
+        workers.iter().map(|w| (w.spec.name.as_str(), w)).collect();
     let order: Vec<Arc<Worker>> = decision
         .candidates
         .iter()
-        .filter_map(|c| workers.iter().find(|w| w.spec.name == c.worker).cloned())
+        .filter_map(|c| by_name.get(c.worker.as_str()).map(|w| Arc::clone(w)))
         .collect();
+    debug_assert_eq!(order.len(), decision.candidates.len());
     decision.decision_us = start.elapsed().as_micros() as u64;
     log_decision(policy, weights, &facts, &taken.snapshot, &decision);
     if req.evidence && policy.uses_cache() {

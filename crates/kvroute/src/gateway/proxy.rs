@@ -368,11 +368,9 @@ async fn serve(
 /// Each ranked worker's load wait and running requests, sampled once per decision (every
 /// candidate alike).
 fn sample_load_waits(r: &Ranked<'_>) {
-    for c in &r.decision.candidates {
-        if let Some(w) = r.order.iter().find(|w| w.spec.name == c.worker) {
-            w.ttft.sample_load_wait(c.load_delay_ms);
-            w.decode.sample_running(c.work.running as f64);
-        }
+    for (c, w) in r.decision.candidates.iter().zip(&r.order) {
+        w.ttft.sample_load_wait(c.load_delay_ms);
+        w.decode.sample_running(c.work.running as f64);
     }
 }
 
