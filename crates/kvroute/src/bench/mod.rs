@@ -478,9 +478,9 @@ fn write_outputs(
         let title = format!("kvroute bench: {workload}");
         let svg = p.with_extension("svg");
         let png = p.with_extension("png");
-        std::fs::write(&svg, crate::demo::plot::svg(&rows, &title))
+        std::fs::write(&svg, crate::demo::plot::svg(&rows, &title, "target")?)
             .with_context(|| format!("writing {}", svg.display()))?;
-        crate::demo::plot::png(&rows, &title, &png)
+        crate::demo::plot::png(&rows, &title, "target", &png)
             .with_context(|| format!("writing {}", png.display()))?;
         println!("plot: {} and {}", svg.display(), png.display());
     }

@@ -349,16 +349,16 @@ pub async fn run(opts: DemoOptions) -> Result<Vec<PolicyResult>> {
     bar.finish_and_clear();
     println!("{}", report::table(&results));
     let title = format!(
-        "kvroute demo: {} x {}, {} requests per policy",
+        "kvroute demo: {} × {}, {} requests per policy",
         opts.workers,
         opts.preset,
         requests.len()
     );
     let svg_path = opts.plot.with_extension("svg");
     let png_path = opts.plot.with_extension("png");
-    std::fs::write(&svg_path, plot::svg(&results, &title))
+    std::fs::write(&svg_path, plot::svg(&results, &title, "policy")?)
         .with_context(|| format!("writing {}", svg_path.display()))?;
-    plot::png(&results, &title, &png_path)
+    plot::png(&results, &title, "policy", &png_path)
         .with_context(|| format!("writing {}", png_path.display()))?;
     println!("plot: {} and {}", svg_path.display(), png_path.display());
     if let Some(j) = &opts.json {
