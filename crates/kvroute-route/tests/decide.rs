@@ -24,6 +24,16 @@ fn request(tokens: u64) -> RequestFacts {
     }
 }
 
+/// The hybrid-aware decision under the default weights for a new `tokens`-token prompt.
+fn hybrid(s: &Snapshot, tokens: u64) -> kvroute_route::Decision {
+    decide(
+        PolicyKind::HybridAware,
+        &PolicyWeights::default(),
+        &request(tokens),
+        s,
+    )
+}
+
 fn snapshot(workers: Vec<WorkerFacts>) -> Snapshot {
     Snapshot {
         fleet: FleetFacts {
@@ -37,12 +47,7 @@ fn snapshot(workers: Vec<WorkerFacts>) -> Snapshot {
 #[test]
 fn the_worker_serving_the_most_of_an_idle_fleet_wins() {
     let s = snapshot(vec![worker("a", 0), worker("b", 3000), worker("c", 1000)]);
-    let d = decide(
-        PolicyKind::HybridAware,
-        &PolicyWeights::default(),
-        &request(4000),
-        &s,
-    );
+    let d = hybrid(&s, 4000);
     assert_eq!(d.worker, "b");
     assert_eq!(d.predicted_cached, 3000);
     assert_eq!(d.best_cached, 3000);
@@ -57,12 +62,7 @@ fn a_queue_long_enough_outweighs_the_cache() {
     let mut busy = worker("warm", 3000);
     busy.queued_tokens = 6000;
     let s = snapshot(vec![busy, worker("cold", 0)]);
-    let d = decide(
-        PolicyKind::HybridAware,
-        &PolicyWeights::default(),
-        &request(4000),
-        &s,
-    );
+    let d = hybrid(&s, 4000);
     // warm: 6,000 queued + 1,000 own tokens; cold: 4,000 own.
     assert_eq!(d.worker, "cold");
     assert_eq!(d.best_cached, 3000);
@@ -75,12 +75,7 @@ fn group_blind_ranks_by_the_full_attention_prefix_the_snapshot_gives_it() {
     let mut lost = worker("lost-state", 0);
     lost.blind = 3000;
     let s_exact = snapshot(vec![lost.clone(), worker("b", 1000)]);
-    let exact = decide(
-        PolicyKind::HybridAware,
-        &PolicyWeights::default(),
-        &request(4000),
-        &s_exact,
-    );
+    let exact = hybrid(&s_exact, 4000);
     assert_eq!(exact.worker, "b");
     assert_eq!(exact.candidates[0].blind_cached, 1000);
     lost.cached = 3000;
@@ -109,12 +104,7 @@ fn a_junction_is_credited_only_where_no_worker_serves_the_prefix_yet() {
         ..worker(name, forecast)
     };
     let s = snapshot(vec![with_outlook("a", 0, 2048), with_outlook("b", 0, 0)]);
-    let d = decide(
-        PolicyKind::HybridAware,
-        &PolicyWeights::default(),
-        &request(4000),
-        &s,
-    );
+    let d = hybrid(&s, 4000);
     assert_eq!(d.worker, "a");
     assert_eq!(d.candidates[0].junction, 2048);
     assert_eq!(d.candidates[0].checkpoints, [3968, 2048]);
@@ -123,12 +113,7 @@ fn a_junction_is_credited_only_where_no_worker_serves_the_prefix_yet() {
         with_outlook("a", 0, 2048),
         with_outlook("b", 2048, 2048),
     ]);
-    let d = decide(
-        PolicyKind::HybridAware,
-        &PolicyWeights::default(),
-        &request(4000),
-        &s,
-    );
+    let d = hybrid(&s, 4000);
     assert_eq!(d.worker, "b");
     assert!(d.candidates.iter().all(|c| c.junction == 0));
 }
