@@ -37,7 +37,7 @@ async fn setup() -> (Fleet, GatewayHandle) {
     })
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     (f, gw)
 }
 
@@ -501,7 +501,7 @@ async fn beyond_max_connections_new_connections_are_closed_and_counted() {
     for _ in 0..8 {
         held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    open_connections_reach(&gw, 8.0).await;
     let a = addr.clone();
     let (status, _) =
         in_blocking(move || exchange(&a, &good(), false, Duration::from_secs(5))).await;
@@ -512,9 +512,20 @@ async fn beyond_max_connections_new_connections_are_closed_and_counted() {
         "{metrics}"
     );
     drop(held);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    open_connections_reach(&gw, 0.0).await;
     let (status, body) =
         in_blocking(move || exchange(&addr, &good(), false, Duration::from_secs(20))).await;
     assert_eq!(status, 200, "served again once connections closed: {body}");
     gw.shutdown().await;
+}
+
+/// Waits until the gateway counts `n` connections open on its front listener.
+async fn open_connections_reach(gw: &GatewayHandle, n: f64) {
+    let open = "kvroute_connections_open{listener=\"front\"}";
+    common::wait_until(
+        common::WAIT,
+        &format!("{n} front connections open"),
+        || async { common::metric(&common::admin_metrics(gw).await, open) == n },
+    )
+    .await
 }

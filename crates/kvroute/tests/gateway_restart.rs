@@ -37,7 +37,7 @@ async fn steady(f: &Fleet) -> GatewayHandle {
     let gw = Gateway::start(common::gateway_config(workers.collect()))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     gw
 }
 

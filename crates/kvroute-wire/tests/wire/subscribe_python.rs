@@ -1,6 +1,7 @@
 //! Subscriptions against a publisher written in Python with `pyzmq` + `msgspec`, encoding
-//! batches the way the engines do, in both replay-reply layouts. Skipped (with a message) only
-//! when python3 or those modules are missing; `.ci/run` installs them.
+//! batches the way the engines do, in both replay-reply layouts. Skipped (with a message saying
+//! how to install them) when python3 or those modules are missing, except under `CI=true`,
+//! where that fails; `.ci/run` installs them.
 
 use crate::common;
 
@@ -18,19 +19,7 @@ use tokio::sync::mpsc;
 const T: u64 = 15;
 
 fn python_ready() -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import zmq, msgspec"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!(
-            "SKIPPED: python3 with pyzmq and msgspec is not available (pip install pyzmq msgspec)"
-        );
-    }
-    ok
+    common::python::python_has(&["zmq", "msgspec"], "pyzmq msgspec")
 }
 
 struct PyPublisher {
