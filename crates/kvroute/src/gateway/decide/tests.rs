@@ -336,7 +336,14 @@ fn weighed_decision_at(
         follow_up,
         ..RouteRequest::base(registry, prompt)
     };
-    let taken = snapshot(registry, workers, &req, PolicyKind::HybridAware, weights, now);
+    let taken = snapshot(
+        registry,
+        workers,
+        &req,
+        PolicyKind::HybridAware,
+        weights,
+        now,
+    );
     let facts = RequestFacts {
         tokens: req.tokens.len() as u64,
         follow_up: req.follow_up,
