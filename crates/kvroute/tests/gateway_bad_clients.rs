@@ -403,8 +403,8 @@ async fn slow_truncated_and_idle_clients_are_bounded_and_disturb_nobody() {
     let (_f, gw) = setup().await;
     let addr = gw.addr.to_string();
     // A body that stops short of its content-length and never comes: 408 after the body timeout.
+    // The 408 itself says the gateway's timeout ended it (the client waits 10 s and sends none).
     let a = addr.clone();
-    let started = Instant::now();
     let (status, body) = in_blocking(move || {
         let mut head =
             b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 400\r\n\r\n".to_vec();
@@ -414,7 +414,6 @@ async fn slow_truncated_and_idle_clients_are_bounded_and_disturb_nobody() {
     .await;
     assert_eq!(status, 408, "{body}");
     assert_openai_error("a stalled body", status, &body);
-    assert!(started.elapsed() < Duration::from_secs(5));
     // A body cut short by the client closing its side: 400.
     let a = addr.clone();
     let (status, body) = in_blocking(move || {
@@ -444,6 +443,9 @@ async fn slow_truncated_and_idle_clients_are_bounded_and_disturb_nobody() {
         status == 0 || status == 408,
         "a slow head gets no request through: {status}"
     );
+    // Not a wall-clock verdict on speed: the head timeout is 0.5 s and the client gives up
+    // after 10 s, so 5 s only tells "the gateway closed it" from "the client stopped waiting"
+    // (ten times the timeout, half the client's patience).
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "closed after the head timeout, not left open"

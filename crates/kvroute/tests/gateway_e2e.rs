@@ -518,7 +518,8 @@ async fn events_capture_records_a_live_stream_that_decodes_back() {
         .arg(&out)
         .spawn()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // No pause for the capture to subscribe: its first catch-up replays from seq 0 whatever
+    // was published before it joined.
     let client = reqwest::Client::new();
     for i in 0..4u32 {
         let r = client

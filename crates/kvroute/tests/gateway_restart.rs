@@ -242,12 +242,12 @@ async fn assert_warm(f: &Fleet, a: &GatewayHandle, b: &Served) {
         "the probes hit something"
     );
     let cold = steady(f).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let degraded = common::degraded_ranks(&cold);
-    assert_eq!(
-        degraded, 2,
-        "a cold start cannot rebuild from the short replay buffers"
-    );
+    common::wait_until(
+        common::WAIT,
+        "both ranks of a cold start degraded: it cannot rebuild from the short replay buffers",
+        || async { common::degraded_ranks(&cold) == 2 },
+    )
+    .await;
     cold.shutdown().await;
 }
 
@@ -384,16 +384,19 @@ async fn a_graceful_shutdown_lets_the_stream_in_flight_finish_and_accepts_nothin
     assert_eq!(r.status(), 200);
     assert!(r.chunk().await.unwrap().is_some(), "the stream started");
     let stopping = tokio::spawn(gw.shutdown());
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let refused = reqwest::Client::new()
-        .get(format!("http://{front}/health/live"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await;
-    assert!(
-        refused.is_err(),
-        "no new connection once the shutdown began"
-    );
+    common::wait_until(
+        common::WAIT,
+        "no new connection once the shutdown began",
+        || async {
+            reqwest::Client::new()
+                .get(format!("http://{front}/health/live"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_err()
+        },
+    )
+    .await;
     let mut body = String::new();
     while let Some(chunk) = r.chunk().await.unwrap() {
         body.push_str(&String::from_utf8_lossy(&chunk));
@@ -495,7 +498,7 @@ async fn a_discovered_worker_resumes_from_the_snapshot_like_a_configured_one() {
         gw
     };
     let b = start().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&b).await;
     traffic(&f, 0, 60).await;
     let (want, got) = agreement(&steady_admin(&a), &b.admin_addr.to_string()).await;
     assert_eq!(got, want);

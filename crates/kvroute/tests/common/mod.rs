@@ -10,7 +10,7 @@ pub mod python;
 pub mod wait;
 
 #[allow(unused_imports)]
-pub use wait::{wait_for, wait_until, WAIT};
+pub use wait::{none_pending, wait_for, wait_until, WAIT};
 
 use kvroute::gateway::config::{file::GatewayConfig, KvEventsSpec, WorkerSpec};
 use kvroute::gateway::GatewayHandle;
@@ -207,11 +207,7 @@ pub async fn settle_at(admin: &str, skip: &[&str]) {
                     }
                 }
             }
-            if behind.is_empty() {
-                Ok(())
-            } else {
-                Err(behind.join("; "))
-            }
+            none_pending(behind)
         },
     )
     .await
@@ -222,19 +218,12 @@ pub async fn settle_at(admin: &str, skip: &[&str]) {
 /// that does not come within [`WAIT`].
 pub async fn idle(gw: &GatewayHandle) {
     wait_for(WAIT, "every worker counted idle", || async {
-        let busy: Vec<String> = gw
-            .state
-            .registry
-            .all()
-            .iter()
-            .filter(|w| w.running() > 0)
-            .map(|w| format!("{}: {} running", w.spec.name, w.running()))
-            .collect();
-        if busy.is_empty() {
-            Ok(())
-        } else {
-            Err(busy.join("; "))
-        }
+        let workers = gw.state.registry.all();
+        let busy = workers.iter().filter(|w| w.running() > 0);
+        none_pending(
+            busy.map(|w| format!("{}: {} running", w.spec.name, w.running()))
+                .collect(),
+        )
     })
     .await
 }

@@ -54,3 +54,13 @@ where
     })
     .await
 }
+
+/// `Ok` when nothing is left in `pending` (what a wait still sees wrong), else `Err` listing it:
+/// the probe result of a [`wait_for`] over several things at once.
+pub fn none_pending(pending: Vec<String>) -> Result<(), String> {
+    if pending.is_empty() {
+        Ok(())
+    } else {
+        Err(pending.join("; "))
+    }
+}

@@ -74,7 +74,7 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
     )
     .unwrap();
     let gw = gateway_from(&path).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    common::ready(&gw).await;
     let mut stream = reqwest::Client::new()
         .post(format!("http://{}/v1/completions", gw.addr))
         .json(&json!({"model": PRESET, "prompt": (3..67).collect::<Vec<u32>>(), "max_tokens": 400, "stream": true}))
