@@ -143,6 +143,10 @@ pub struct Faults {
     pub garbage_replay: AtomicBool,
     pub published: AtomicU64,
     pub dropped: AtomicU64,
+    /// The seq the next batch handed to [`Publisher::publish`] takes: the batches queued since
+    /// the start or the last restart (sent, dropped or still waiting in the queue), so a reader
+    /// knows which seq a subscriber must have applied to be level with the engine.
+    pub queued: AtomicU64,
     /// Connected endpoints: the background connection's counters (batches sent, batches no
     /// subscriber took — they stay replayable —, connects, whether one is connected now).
     pub connection: Option<Arc<PubCounters>>,
@@ -250,12 +254,14 @@ impl Publisher {
     /// Queues one step's events (nothing is sent for an empty batch).
     pub fn publish(&self, ts: f64, events: Vec<Event>) {
         if !events.is_empty() {
+            self.faults.queued.fetch_add(1, Ordering::Relaxed);
             let _ = self.tx.send(Cmd::Batch(ts, events));
         }
     }
 
     /// A new publisher instance behind the same sockets: seq 0, empty replay buffer.
     pub fn restart(&self) {
+        self.faults.queued.store(0, Ordering::Relaxed);
         let _ = self.tx.send(Cmd::Restart);
     }
 }

@@ -491,13 +491,15 @@ impl Worker {
     }
 }
 
-/// What one rank's publisher has done: batches sent, injected drops and, for a connected
+/// What one rank's publisher has done: batches sent, injected drops, the seq of the next batch
+/// (`next_seq`: a subscriber that applied every earlier one is level) and, for a connected
 /// endpoint, whether a subscriber is connected and what nobody took.
 fn publisher_state(p: &Publisher) -> Value {
     let f = &p.faults;
     let mut v = json!({
         "published": f.published.load(Ordering::Relaxed),
         "fault_dropped": f.dropped.load(Ordering::Relaxed),
+        "next_seq": f.queued.load(Ordering::Relaxed),
     });
     if let Some(c) = &f.connection {
         v["connected"] = json!(c.connected.load(Ordering::Relaxed));

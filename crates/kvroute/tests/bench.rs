@@ -1,5 +1,6 @@
 //! `kvroute bench` over real sockets: its figures equal hand-computed ones against a simulated
-//! worker, it keeps the arrival schedule against a slow target, and it counts every failure
+//! worker, it keeps the arrival schedule against a target that answers only once every
+//! request is in flight (an open loop), and it counts every failure
 //! class; multi-turn sessions send the reply back and reuse it.
 
 use axum::body::Body;
@@ -10,6 +11,7 @@ use kvroute::bench::client::{drive, Api, ClientOptions, PromptFormat};
 use kvroute::bench::workload::{Session, Turn, Workload};
 use kvroute::bench::{report, BenchOptions, Target};
 use kvroute_sim::tokens::FIRST_WORD;
+use std::sync::Arc;
 use std::time::Duration;
 
 fn options(url: &str) -> ClientOptions {
@@ -107,14 +109,28 @@ async fn the_report_equals_hand_computed_figures_on_a_tiny_trace() {
     assert_eq!(t["cached_tokens"], 112);
 }
 
-/// A target that answers after `delay`, streaming one token.
-async fn slow_target(delay: Duration) -> String {
+/// A target that holds every request until `n` requests are in flight at once, then answers
+/// each with one streamed token; a request still held after 30 s gets a 500 instead (so a
+/// client that waits for each answer before sending the next fails instead of hanging).
+async fn target_answering_when_all_arrived(n: usize) -> String {
+    let all_in = Arc::new(tokio::sync::Barrier::new(n));
     let app = axum::Router::new().route(
         "/v1/completions",
-        post(move || async move {
-            tokio::time::sleep(delay).await;
-            let body = "data: {\"choices\":[{\"text\":\" ba\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n";
-            Response::new(Body::from(body))
+        post(move || {
+            let all_in = all_in.clone();
+            async move {
+                if tokio::time::timeout(Duration::from_secs(30), all_in.wait())
+                    .await
+                    .is_err()
+                {
+                    return Response::builder()
+                        .status(500)
+                        .body(Body::from("the other requests never arrived"))
+                        .unwrap();
+                }
+                let body = "data: {\"choices\":[{\"text\":\" ba\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n";
+                Response::new(Body::from(body))
+            }
         }),
     );
     serve(app).await
@@ -131,29 +147,35 @@ async fn serve(app: axum::Router) -> String {
 
 #[tokio::test]
 async fn arrivals_keep_the_schedule_when_the_target_is_slow() {
-    let url = slow_target(Duration::from_millis(1500)).await;
+    // The target answers nobody until all six requests are in flight: only an open loop, which
+    // sends each request at its time whatever the earlier ones are doing, gets any answer. No
+    // wall-clock bound decides this; the one timing check left is that no request leaves
+    // before its scheduled time, which a working scheduler never does however slow the machine.
+    let url = target_answering_when_all_arrived(6).await;
     let w = Workload {
         name: "t".into(),
         sessions: (0..6)
             .map(|i| single(i as f64 * 100.0, vec![FIRST_WORD; 3]))
             .collect(),
     };
-    let (outs, wall) = drive(&w, options(&url), indicatif::ProgressBar::hidden()).await;
+    let mut o = options(&url);
+    o.request_timeout = Duration::from_secs(60);
+    let (outs, _) = drive(&w, o, indicatif::ProgressBar::hidden()).await;
     assert_eq!(outs.len(), 6);
+    let failures: Vec<_> = outs.iter().filter_map(|o| o.failure.as_deref()).collect();
+    assert!(
+        failures.is_empty(),
+        "all six were never in flight together: {failures:?}"
+    );
     let mut sent: Vec<(usize, f64)> = outs.iter().map(|o| (o.session, o.sent_at_s)).collect();
     sent.sort_by_key(|s| s.0);
     for (i, at) in sent {
         let want = i as f64 * 0.1;
         assert!(
-            (at - want).abs() < 0.08,
-            "request {i} sent at {at:.3}s, scheduled {want:.3}s"
+            at >= want - 1e-3,
+            "request {i} sent at {at:.3}s, before its time {want:.3}s"
         );
     }
-    assert!(
-        wall < 2.9,
-        "six 1.5 s requests overlapped (took {wall:.2}s)"
-    );
-    assert!(outs.iter().all(|o| o.failure.is_none()));
 }
 
 /// Answers by the prompt's first token: 0 → 500, 1 → 429, 2 → half a stream, 3 → hangs,

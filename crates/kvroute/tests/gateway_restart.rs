@@ -37,7 +37,7 @@ async fn steady(f: &Fleet) -> GatewayHandle {
     let gw = Gateway::start(common::gateway_config(workers.collect()))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     gw
 }
 
@@ -185,20 +185,26 @@ fn probes() -> Vec<Vec<u32>> {
     (0..30u32).map(request).collect()
 }
 
-/// Waits (bounded) until `a` and `b` predict the same for every probe; returns both answers.
+/// Waits until `a` and `b` predict the same for every probe and returns both answers; fails
+/// the test with both when they still differ at the wait's deadline.
 async fn agreement(a: &str, b: &str) -> (Vec<Vec<(String, u64)>>, Vec<Vec<(String, u64)>>) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (mut pa, mut pb) = (Vec::new(), Vec::new());
-        for p in probes() {
-            pa.push(predictions(a, &p).await);
-            pb.push(predictions(b, &p).await);
-        }
-        if pa == pb || Instant::now() > deadline {
-            return (pa, pb);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::wait_for(
+        common::WAIT,
+        "both gateways to predict the same",
+        || async {
+            let (mut pa, mut pb) = (Vec::new(), Vec::new());
+            for p in probes() {
+                pa.push(predictions(a, &p).await);
+                pb.push(predictions(b, &p).await);
+            }
+            if pa == pb {
+                Ok((pa, pb))
+            } else {
+                Err(format!("{pa:?} against {pb:?}"))
+            }
+        },
+    )
+    .await
 }
 
 fn temp_snapshot(tag: &str) -> PathBuf {
@@ -236,12 +242,12 @@ async fn assert_warm(f: &Fleet, a: &GatewayHandle, b: &Served) {
         "the probes hit something"
     );
     let cold = steady(f).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let degraded = common::degraded_ranks(&cold);
-    assert_eq!(
-        degraded, 2,
-        "a cold start cannot rebuild from the short replay buffers"
-    );
+    common::wait_until(
+        common::WAIT,
+        "both ranks of a cold start degraded: it cannot rebuild from the short replay buffers",
+        || async { common::degraded_ranks(&cold) == 2 },
+    )
+    .await;
     cold.shutdown().await;
 }
 
@@ -276,10 +282,22 @@ async fn a_gateway_stopped_with_sigterm_restarts_warm_and_replays_what_it_missed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_restarts_from_its_last_periodic_snapshot() {
     let (f, a, path, b) = before_the_restart("kill", "0.2").await;
-    // A periodic snapshot after the traffic, then more events it does not hold.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // A periodic snapshot after the traffic (written after b took it all in), then more
+    // events, which b takes in before it is killed.
+    common::settle_at(&b.admin, &[]).await;
+    let taken_in = std::time::SystemTime::now();
+    common::wait_until(
+        common::WAIT,
+        "a periodic snapshot after the traffic",
+        || async {
+            std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > taken_in)
+        },
+    )
+    .await;
     traffic(&f, 60, 62).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    common::settle_at(&b.admin, &[]).await;
     b.kill();
     traffic(&f, 62, 64).await;
     let b = serve(&f, &path, "0.2");
@@ -366,16 +384,19 @@ async fn a_graceful_shutdown_lets_the_stream_in_flight_finish_and_accepts_nothin
     assert_eq!(r.status(), 200);
     assert!(r.chunk().await.unwrap().is_some(), "the stream started");
     let stopping = tokio::spawn(gw.shutdown());
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let refused = reqwest::Client::new()
-        .get(format!("http://{front}/health/live"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await;
-    assert!(
-        refused.is_err(),
-        "no new connection once the shutdown began"
-    );
+    common::wait_until(
+        common::WAIT,
+        "no new connection once the shutdown began",
+        || async {
+            reqwest::Client::new()
+                .get(format!("http://{front}/health/live"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_err()
+        },
+    )
+    .await;
     let mut body = String::new();
     while let Some(chunk) = r.chunk().await.unwrap() {
         body.push_str(&String::from_utf8_lossy(&chunk));
@@ -417,10 +438,10 @@ async fn readiness_waits_for_a_worker_and_the_first_catch_up_while_liveness_answ
         kv.endpoint = format!("tcp://*:{port}");
         kv.replay_endpoint = None;
     }
+    // No wait: the subscription can never catch up, so it is listed from the start.
     let gw = Gateway::start(common::gateway_config(vec![spec]))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let ready = reqwest::get(format!("http://{}/health/ready", gw.addr))
         .await
         .unwrap();
@@ -477,7 +498,7 @@ async fn a_discovered_worker_resumes_from_the_snapshot_like_a_configured_one() {
         gw
     };
     let b = start().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&b).await;
     traffic(&f, 0, 60).await;
     let (want, got) = agreement(&steady_admin(&a), &b.admin_addr.to_string()).await;
     assert_eq!(got, want);

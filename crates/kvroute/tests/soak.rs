@@ -3,8 +3,9 @@
 //! open file descriptors, threads, runtime tasks and the window's p99 latency. Pass: no failed
 //! request; RSS after the warm-up grows by at most `RSS_BOUND_MIB` (the bounded caches filling:
 //! the digest cache, the follow-up tracker); no descriptor or task growth once the load stops;
-//! and predictions exact again at the end (the gateway's prediction for a probe equals the
-//! cached tokens the engine then reports).
+//! every request sent answered or failed with a counted reason; and predictions exact again at
+//! the end (the gateway's prediction for a probe equals the cached tokens the engine then
+//! reports, each probe once the index applied every batch the engines queued).
 //!
 //! `KVROUTE_SOAK_SECS` sets the load's duration (default 60, the normal test command's short
 //! version; docs/reliability.md has the long one); `KVROUTE_SOAK_OUT` a directory for the
@@ -61,7 +62,7 @@ async fn gauge(admin: &str, name: &str) -> f64 {
         .find(|l| l.starts_with(name))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+        .unwrap_or_else(|| panic!("metric {name} missing or unreadable on {admin}/metrics"))
 }
 
 fn p99(mut v: Vec<f64>) -> f64 {
@@ -185,7 +186,7 @@ async fn a_sustained_load_with_eviction_keeps_memory_descriptors_and_tasks_flat_
         }
     });
     let (front, admin) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::ready_at(&front).await;
     let tasks_idle = gauge(&admin, "kvroute_runtime_tasks").await;
     let fds_idle = fds(pid);
 
@@ -269,8 +270,17 @@ async fn a_sustained_load_with_eviction_keeps_memory_descriptors_and_tasks_flat_
         });
     }
     let sent = sender.await.unwrap();
-    // Let the last requests finish and the events settle.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every request sent is answered or failed with a counted reason (each has a 30 s client
+    // timeout, so none can stay unaccounted for), then the index takes in the last events.
+    common::wait_until(
+        Duration::from_secs(60),
+        "every request answered or failed",
+        || async {
+            latencies.lock().unwrap().len() + failures.lock().unwrap().len() == sent as usize
+        },
+    )
+    .await;
+    common::settle_at(&admin, &[]).await;
     let tasks_end = gauge(&admin, "kvroute_runtime_tasks").await;
     let evicted = gauge(&admin, "kvroute_index_events{counter=\"blocks_removed\"}").await;
     let fds_end = fds(pid);
@@ -292,7 +302,8 @@ async fn a_sustained_load_with_eviction_keeps_memory_descriptors_and_tasks_flat_
             "probe {k}: predicted vs engine-reported"
         );
         exact += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The probe's own request changed w0's cache; the next prediction waits for its events.
+        common::settle_at(&admin, &[]).await;
     }
     let _ = child.kill();
     let _ = child.wait();
@@ -330,6 +341,11 @@ async fn a_sustained_load_with_eviction_keeps_memory_descriptors_and_tasks_flat_
         last.p99_ms
     );
     assert!(evicted > 0.0, "the pools evicted");
+    assert_eq!(
+        done + failed.len(),
+        sent as usize,
+        "every request sent is accounted for"
+    );
     assert!(
         failed.is_empty(),
         "failed requests: {:?}",

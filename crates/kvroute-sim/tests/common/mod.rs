@@ -1,9 +1,18 @@
-//! A minimal HTTP/1.1 client over a real TCP socket (Connection: close), for the API tests.
+//! A minimal HTTP/1.1 client over a real TCP socket (Connection: close), for the API tests, and
+//! what every integration suite shares: waits on a condition with a deadline (`wait`), and
+//! whether python3 has the modules a test drives (`python`).
 
 #![allow(dead_code)]
 
 pub mod corpus;
+#[path = "../../../kvroute/tests/common/python.rs"]
+pub mod python;
 pub mod subscriber;
+#[path = "../../../kvroute/tests/common/wait.rs"]
+pub mod wait;
+
+#[allow(unused_imports)]
+pub use wait::{wait_for, wait_until, WAIT};
 
 use serde_json::Value;
 use std::net::SocketAddr;

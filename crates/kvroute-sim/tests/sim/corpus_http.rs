@@ -13,13 +13,14 @@
 use crate::common;
 
 use common::corpus::{self, Corpus};
+use common::subscriber::Subscriber;
 use common::{get, post};
 use kvroute_index::Event;
 use kvroute_sim::{fleet, PublisherConfig, WorkerConfig};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use zeromq::{Socket, SocketRecv, SubSocket};
+use zeromq::{Socket, SubSocket};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -36,28 +37,17 @@ async fn wait_connected(addr: SocketAddr) {
         assert!(Instant::now() < deadline, "the publisher never connected");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The subscription follows the connection; give it time to arrive.
-    tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
-/// Every event the subscriber has received so far.
-async fn drain(sub: &mut SubSocket, worker: &str, until: usize) -> Vec<Event> {
+/// Every event published since the last read.
+async fn events(sub: &mut Subscriber, worker: &str) -> Vec<Event> {
     let mut events = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let wait = if events.len() >= until {
-            Duration::from_millis(100)
-        } else {
-            deadline.saturating_duration_since(Instant::now())
-        };
-        let Ok(Ok(m)) = tokio::time::timeout(wait, sub.recv()).await else {
-            return events;
-        };
-        let frames: Vec<Vec<u8>> = m.into_vec().iter().map(|f| f.to_vec()).collect();
+    for (_, frames) in sub.batches().await {
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let (_, _, batch) = kvroute_wire::decode_message(&worker.into(), &refs).unwrap();
         events.extend(batch.events);
     }
+    events
 }
 
 /// Replays one corpus over HTTP and ZMQ; returns the mismatches found.
@@ -78,6 +68,8 @@ async fn replay(c: &Corpus) -> Vec<String> {
         sub.bind(&format!("tcp://127.0.0.1:{port}")).await.unwrap();
         sub.subscribe("").await.unwrap();
         wait_connected(sim.http).await;
+        // Probes until the subscription has joined (none of their events is compared).
+        let mut sub = Subscriber::probe(sub, sim.http, 0, "the bound subscriber").await;
 
         let mut recorded: Vec<Event> = Vec::new();
         for f in c.frames.iter().filter(|f| f.worker == w) {
@@ -116,7 +108,7 @@ async fn replay(c: &Corpus) -> Vec<String> {
                 ));
             }
         }
-        let received = drain(&mut sub, &w, recorded.len()).await;
+        let received = events(&mut sub, &w).await;
         if received != recorded {
             errors.push(format!(
                 "{} {w}: {} events received, {} recorded (first difference at {:?})",

@@ -6,15 +6,14 @@
 
 use crate::common;
 
-use common::subscriber::{stores, subscribed_worker};
+use common::subscriber::{stores, subscribed_worker, Subscriber};
 use common::{get, post};
 use kvroute_index::hash::{self, BlockExtras, BlockHasher, HashAlgo, DEFAULT_SEED};
 use kvroute_index::{Engine as Generation, Speculative};
 use kvroute_sim::{SimHandle, WorkerConfig};
 use serde_json::json;
-use zeromq::SubSocket;
 
-async fn worker(engine: Generation) -> (SimHandle, SubSocket) {
+async fn worker(engine: Generation) -> (SimHandle, Subscriber) {
     let mut cfg = WorkerConfig::for_preset("llama").unwrap();
     cfg.engine.engine = engine;
     cfg.engine.speculative = Some(Speculative {

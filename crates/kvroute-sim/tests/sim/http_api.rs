@@ -2,7 +2,7 @@
 
 use crate::common;
 
-use common::{get, post, request};
+use common::{get, post, request, wait_for, WAIT};
 use kvroute_sim::{Fleet, WorkerConfig};
 use serde_json::{json, Value};
 
@@ -225,10 +225,15 @@ async fn pause_holds_requests_and_resume_releases_them() {
         )
         .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    let state = get(a, "/admin/cache").await.json();
+    let state = wait_for(WAIT, "the request waiting in the paused engine", || async {
+        let state = get(a, "/admin/cache").await.json();
+        match state["ranks"][0]["waiting"].as_u64() {
+            Some(1) => Ok(state),
+            _ => Err(state.to_string()),
+        }
+    })
+    .await;
     assert_eq!(state["paused"], true);
-    assert_eq!(state["ranks"][0]["waiting"], 1);
     assert!(!pending.is_finished());
     post(a, "/admin/resume", &json!({})).await;
     assert_eq!(pending.await.unwrap().status, 200);

@@ -5,14 +5,13 @@
 
 use crate::common;
 
-use common::subscriber::{stores, subscribed_worker};
+use common::subscriber::{stores, subscribed_worker, Subscriber};
 use common::{get, post};
 use kvroute_index::hash::{self, BlockExtras, BlockHasher, HashAlgo, DEFAULT_SEED};
 use kvroute_sim::{LoraModule, SimHandle, WorkerConfig};
 use serde_json::json;
-use zeromq::SubSocket;
 
-async fn worker() -> (SimHandle, SubSocket) {
+async fn worker() -> (SimHandle, Subscriber) {
     let mut cfg = WorkerConfig::for_preset("llama").unwrap();
     cfg.model = "base".into();
     cfg.lora_modules = vec![

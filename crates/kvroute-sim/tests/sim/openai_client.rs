@@ -1,7 +1,9 @@
 //! The official `openai` Python client against a simulated worker: completions (token ids and
 //! text), chat with and without streaming, and the cached-token count it reports.
-//! Skipped (with a note) where `python3 -c "import openai"` fails; `.ci/run` installs it.
+//! Skipped (with how to install it) where `python3 -c "import openai"` fails, except under
+//! `CI=true`, where that fails; `.ci/run` installs it.
 
+use crate::common;
 use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
 use std::process::Command;
 
@@ -35,17 +37,9 @@ assert usage.prompt_tokens_details.cached_tokens >= 64, usage
 print("ok", usage.prompt_tokens_details.cached_tokens)
 "#;
 
-fn python_has_openai() -> bool {
-    Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_gets_completions_chat_streams_and_cached_tokens() {
-    if !python_has_openai() {
-        eprintln!("python3 cannot import openai; skipped (pip install openai)");
+    if !common::python::python_has(&["openai"], "openai") {
         return;
     }
     let mut cfg = WorkerConfig::for_preset("tiny-qwen3-next").unwrap();

@@ -1,9 +1,14 @@
-//! Test helpers: a tiny msgpack writer (able to write what no real encoder would), and
-//! builders for well-formed vLLM 0.32 events and batches.
+//! Test helpers: a tiny msgpack writer (able to write what no real encoder would), builders
+//! for well-formed vLLM 0.32 events and batches, and what every integration suite shares
+//! (`wait`, `python`).
 #![allow(dead_code)]
 
 pub mod publisher;
+#[path = "../../../kvroute/tests/common/python.rs"]
+pub mod python;
 pub mod sink;
+#[path = "../../../kvroute/tests/common/wait.rs"]
+pub mod wait;
 
 /// A msgpack value to encode, including deliberately broken pieces.
 #[derive(Clone, Debug)]

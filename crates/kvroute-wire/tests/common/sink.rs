@@ -1,9 +1,49 @@
-//! Collecting what a subscription delivers, with bounded waits.
+//! Collecting what a subscription delivers, with bounded waits, and a sink that also says when
+//! the subscription finished its first catch-up.
 
 use kvroute_index::{Event, WorkerId};
-use kvroute_wire::{RankHealth, SinkMessage};
+use kvroute_wire::{ChannelSink, EventSink, RankHealth, SinkMessage};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// A [`ChannelSink`] that also records the subscription's first catch-up (connected, and the
+/// replay it asked for applied or failed): what a test waits for before publishing, instead
+/// of a pause.
+pub struct SyncedSink {
+    inner: ChannelSink,
+    pub synced: Arc<AtomicBool>,
+}
+
+impl SyncedSink {
+    pub fn new(tx: mpsc::UnboundedSender<SinkMessage>) -> SyncedSink {
+        SyncedSink {
+            inner: ChannelSink(tx),
+            synced: Arc::default(),
+        }
+    }
+}
+
+impl EventSink for SyncedSink {
+    fn apply(&self, events: &[Event]) {
+        self.inner.apply(events);
+    }
+    fn rank_health(&self, worker: &WorkerId, dp_rank: u32, health: RankHealth) {
+        self.inner.rank_health(worker, dp_rank, health);
+    }
+    fn synced(&self, _worker: &WorkerId, _dp_rank: u32) {
+        self.synced.store(true, Ordering::Release);
+    }
+}
+
+/// Waits until `flag` (a [`SyncedSink`]'s) is set; fails the test after `secs` seconds.
+pub async fn wait_synced(flag: &AtomicBool, secs: u64) {
+    super::wait::wait_until(Duration::from_secs(secs), "the first catch-up", || async {
+        flag.load(Ordering::Acquire)
+    })
+    .await
+}
 
 #[derive(Default, Debug)]
 pub struct Collected {

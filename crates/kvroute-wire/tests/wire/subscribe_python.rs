@@ -1,13 +1,12 @@
 //! Subscriptions against a publisher written in Python with `pyzmq` + `msgspec`, encoding
-//! batches the way the engines do, in both replay-reply layouts. Skipped (with a message) only
-//! when python3 or those modules are missing; `.ci/run` installs them.
+//! batches the way the engines do, in both replay-reply layouts. Skipped (with a message saying
+//! how to install them) when python3 or those modules are missing, except under `CI=true`,
+//! where that fails; `.ci/run` installs them.
 
 use crate::common;
 
-use common::sink::{wait_for, Collected};
-use kvroute_wire::{
-    spawn_subscription, ChannelSink, Dialect, RankHealth, SubscriptionConfig, WireStats,
-};
+use common::sink::{wait_for, wait_synced, Collected, SyncedSink};
+use kvroute_wire::{spawn_subscription, Dialect, RankHealth, SubscriptionConfig, WireStats};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,19 +17,7 @@ use tokio::sync::mpsc;
 const T: u64 = 15;
 
 fn python_ready() -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import zmq, msgspec"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!(
-            "SKIPPED: python3 with pyzmq and msgspec is not available (pip install pyzmq msgspec)"
-        );
-    }
-    ok
+    common::python::python_has(&["zmq", "msgspec"], "pyzmq msgspec")
 }
 
 struct PyPublisher {
@@ -117,13 +104,10 @@ async fn run_scenario(layout: &str, dialect: Dialect) {
     cfg.replay_endpoint = Some(format!("tcp://*:{}", p.replay_port));
     cfg.topic = "kv".into();
     cfg.dialect = dialect;
-    let handle = spawn_subscription(cfg, Arc::new(ChannelSink(tx)), stats.clone()).expect("spawn");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(T);
-    while !stats.snapshot().ranks.iter().any(|r| r.connected) {
-        assert!(tokio::time::Instant::now() < deadline, "never connected");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let sink = Arc::new(SyncedSink::new(tx));
+    let synced = sink.synced.clone();
+    let handle = spawn_subscription(cfg, sink, stats.clone()).expect("spawn");
+    wait_synced(&synced, T).await;
     let mut got = Collected::default();
     // Live, then a gap the replay must fill, then live again.
     p.publish(&[3], true).await;

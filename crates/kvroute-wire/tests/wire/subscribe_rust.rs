@@ -4,12 +4,13 @@
 use crate::common;
 
 use common::publisher::{Layout, TestPublisher};
-use common::sink::{wait_for, Collected};
+use common::sink::{wait_for, wait_synced, Collected, SyncedSink};
 use common::*;
 use kvroute_wire::{
-    payload_digest, spawn_subscription, ChannelSink, DegradeReason, RankHealth, SinkMessage,
-    StreamPosition, SubscriptionConfig, SubscriptionHandle, WireStats,
+    payload_digest, spawn_subscription, DegradeReason, RankHealth, SinkMessage, StreamPosition,
+    SubscriptionConfig, SubscriptionHandle, WireStats,
 };
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -46,17 +47,10 @@ fn config(worker: &str, publisher: &TestPublisher, replay: bool) -> Subscription
 async fn subscribe(cfg: SubscriptionConfig) -> Sub {
     let (tx, rx) = mpsc::unbounded_channel();
     let stats = Arc::new(WireStats::new());
-    let handle = spawn_subscription(cfg, Arc::new(ChannelSink(tx)), stats.clone()).expect("spawn");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(T);
-    while !stats.snapshot().ranks.iter().any(|r| r.connected) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "subscription never connected"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Let the subscription reach the PUB (ZMQ's slow-joiner window) and the first replay end.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let sink = Arc::new(SyncedSink::new(tx));
+    let synced = sink.synced.clone();
+    let handle = spawn_subscription(cfg, sink, stats.clone()).expect("spawn");
+    wait_synced(&synced, T).await;
     Sub {
         handle,
         rx,
@@ -278,16 +272,16 @@ async fn a_dead_endpoint_is_retried_until_the_publisher_appears() {
     let mut cfg = SubscriptionConfig::new("w0", 0, &format!("tcp://*:{port}"), "127.0.0.1");
     cfg.connect_timeout = Duration::from_millis(300);
     cfg.backoff_max = Duration::from_millis(300);
-    let handle = spawn_subscription(cfg, Arc::new(ChannelSink(tx)), stats.clone()).expect("spawn");
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert!(stats.snapshot().reconnects >= 1, "it kept trying");
+    let sink = Arc::new(SyncedSink::new(tx));
+    let synced = sink.synced.clone();
+    let handle = spawn_subscription(cfg, sink, stats.clone()).expect("spawn");
+    common::wait::wait_until(Duration::from_secs(T), "two failed attempts", || async {
+        stats.snapshot().reconnects >= 2
+    })
+    .await;
+    assert!(!synced.load(Ordering::Acquire), "nothing to sync with yet");
     let mut p = TestPublisher::start(Layout::V032, port).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(T);
-    while !stats.snapshot().ranks.iter().any(|r| r.connected) {
-        assert!(tokio::time::Instant::now() < deadline, "never connected");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait_synced(&synced, T).await;
     p.publish(&store(0)).await;
     let mut got = Collected::default();
     wait_for(&mut rx, &mut got, T, "the first batch", |c| {

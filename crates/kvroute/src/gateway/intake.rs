@@ -59,6 +59,12 @@ impl RankSink {
         Some((position, image))
     }
 
+    /// The seq after the last batch the index applied for this rank (0 before any, or after
+    /// the subscription cleared the rank): an engine that queued no later batch is matched.
+    pub fn next_seq(&self) -> u64 {
+        self.state.lock().position.map_or(0, |p| p.seq + 1)
+    }
+
     /// Whether the subscription finished its first catch-up with the engine.
     pub fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)

@@ -134,6 +134,9 @@ pub struct WorkerView {
     pub running_estimate: u64,
     pub dp_size: u32,
     pub subscriptions: usize,
+    /// Per subscribed DP rank: the seq after the last event batch the index applied (0 before
+    /// any), to compare with the engine's own count of batches.
+    pub events_next_seq: Vec<u64>,
     /// The engine generation predictions follow (`vllm-0.32`, `vllm-0.33`).
     pub engine: Engine,
     pub engine_source: EngineSource,
@@ -378,6 +381,7 @@ impl Worker {
             running_estimate: self.running(),
             dp_size: self.spec.dp_size,
             subscriptions: self.subscriptions.lock().len(),
+            events_next_seq: self.sinks.lock().iter().map(|s| s.next_seq()).collect(),
             engine: info.engine,
             engine_source: info.source,
             engine_version: info.version,

@@ -1,9 +1,16 @@
 //! What the gateway's integration tests share: a gateway configuration on loopback, a worker
-//! spec for a simulated worker (its real ZMQ endpoints), reading a gateway's metrics, and a
-//! DNS server for discovery (`dns`). Each test file uses some of it.
+//! spec for a simulated worker (its real ZMQ endpoints), reading a gateway's metrics, waiting
+//! on a condition with a deadline (`wait`: a gateway ready, its index level with the engines),
+//! whether python3 has the modules a test drives (`python`), and a DNS server for discovery
+//! (`dns`). Each test file uses some of it.
 #![allow(dead_code)]
 
 pub mod dns;
+pub mod python;
+pub mod wait;
+
+#[allow(unused_imports)]
+pub use wait::{none_pending, wait_for, wait_until, WAIT};
 
 use kvroute::gateway::config::{file::GatewayConfig, KvEventsSpec, WorkerSpec};
 use kvroute::gateway::GatewayHandle;
@@ -71,6 +78,22 @@ pub async fn admin_metrics(gw: &GatewayHandle) -> String {
         .unwrap()
 }
 
+/// The value of the first sample in Prometheus `text` whose line starts with `line_start` (a
+/// name, or a name and its labels); fails the test when there is none: a missing metric is a
+/// finding, never a 0.
+pub fn metric(text: &str, line_start: &str) -> f64 {
+    metric_if_present(text, line_start)
+        .unwrap_or_else(|| panic!("no metric {line_start} in:\n{text}"))
+}
+
+/// [`metric`], `None` when absent: for a wait on a counter that appears at its first count.
+pub fn metric_if_present(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The admin view of the workers (`GET /admin/workers`).
 pub async fn admin_workers(gw: &GatewayHandle) -> serde_json::Value {
     reqwest::get(format!("http://{}/admin/workers", gw.admin_addr))
@@ -136,34 +159,102 @@ pub fn degraded_ranks(gw: &GatewayHandle) -> usize {
         .count()
 }
 
-/// Waits until the gateway's index has taken in the engines' events: its store and removal
-/// counts (every tier's included) and device blocks stop changing for 100 ms (bounded at
-/// 5 s), so a prediction does not race the events of the request before it.
+/// Waits until the gateway's index has applied every event batch its workers' engines queued
+/// so far, so a prediction does not race the events of the request before it.
 pub async fn settle(gw: &GatewayHandle) {
-    use kvroute_index::counters::Counter;
-    use std::time::{Duration, Instant};
-    let index = &gw.state.registry.index;
-    let snapshot = || {
-        let c = index.counters();
-        (
-            c.get(Counter::StoreEvents),
-            c.get(Counter::RemoveEvents),
-            index.stats().block_copies,
-        )
+    settle_at(&gw.admin_addr.to_string(), &[]).await
+}
+
+/// [`settle`] leaving out the workers named in `skip` (whose events do not come from their
+/// simulator's publisher).
+pub async fn settle_except(gw: &GatewayHandle, skip: &[&str]) {
+    settle_at(&gw.admin_addr.to_string(), skip).await
+}
+
+/// [`settle`] for the gateway whose admin listener is `admin` (an address; a `kvroute serve`
+/// process too): for each subscribed rank of each worker, the index's `events_next_seq`
+/// (`GET /admin/workers`) equals the seq of the engine's next batch (the simulator's
+/// `/admin/cache`), leaving out the workers named in `skip`. Fails the test when they do not
+/// meet within [`WAIT`].
+pub async fn settle_at(admin: &str, skip: &[&str]) {
+    let get = |url: String| async move {
+        let r = reqwest::get(&url)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        r.json::<serde_json::Value>()
+            .await
+            .map_err(|e| format!("{url}: {e}"))
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut last = snapshot();
-    let mut stable_since = Instant::now();
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = snapshot();
-        if now != last {
-            last = now;
-            stable_since = Instant::now();
-        } else if stable_since.elapsed() >= Duration::from_millis(100) {
-            return;
-        }
-    }
+    wait_for(
+        WAIT,
+        "the index to apply every batch the engines queued",
+        || async {
+            let view = get(format!("http://{admin}/admin/workers")).await?;
+            let mut behind = Vec::new();
+            for w in view["workers"].as_array().into_iter().flatten() {
+                let applied = w["events_next_seq"].as_array().cloned().unwrap_or_default();
+                if applied.is_empty() || skip.iter().any(|n| w["name"] == *n) {
+                    continue;
+                }
+                let cache = get(format!("{}/admin/cache", w["url"].as_str().unwrap_or(""))).await?;
+                for (rank, at) in applied.iter().enumerate() {
+                    let engine = &cache["ranks"][rank]["publisher"]["next_seq"];
+                    if engine.is_u64() && engine != at {
+                        behind.push(format!(
+                            "{} rank {rank}: index at {at}, engine at {engine}",
+                            w["name"]
+                        ));
+                    }
+                }
+            }
+            none_pending(behind)
+        },
+    )
+    .await
+}
+
+/// Waits until the gateway counts no request running or waiting on any worker (its own and the
+/// engines' figures), so a decision that weighs load sees idle workers; fails the test when
+/// that does not come within [`WAIT`].
+pub async fn idle(gw: &GatewayHandle) {
+    wait_for(WAIT, "every worker counted idle", || async {
+        let workers = gw.state.registry.all();
+        let busy = workers.iter().filter(|w| w.running() > 0);
+        none_pending(
+            busy.map(|w| format!("{}: {} running", w.spec.name, w.running()))
+                .collect(),
+        )
+    })
+    .await
+}
+
+/// Waits until the gateway is ready: `/health/ready` answers 200 and every healthy worker's
+/// event subscriptions finished their first catch-up (connected, replay applied; not the grace
+/// period's "ready anyway"). Fails the test when that does not come within [`WAIT`].
+pub async fn ready(gw: &GatewayHandle) {
+    ready_at(&gw.addr.to_string()).await
+}
+
+/// [`ready`] for the gateway whose front listener is `front` (an address).
+pub async fn ready_at(front: &str) {
+    wait_for(
+        WAIT,
+        "the gateway to be ready, every subscription caught up",
+        || async {
+            let r = reqwest::get(format!("http://{front}/health/ready"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
+            let caught_up = body["catching_up"].as_array().is_some_and(Vec::is_empty);
+            if status == 200 && caught_up {
+                Ok(())
+            } else {
+                Err(format!("{status} {body}"))
+            }
+        },
+    )
+    .await
 }
 
 /// The worker names of a `GET /admin/workers` view, sorted.

@@ -34,7 +34,7 @@ pub(crate) async fn fleet(n: usize) -> Fleet {
 
 pub(crate) async fn gateway(specs: Vec<WorkerSpec>) -> GatewayHandle {
     let gw = Gateway::start(common::gateway_config(specs)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     gw
 }
 

@@ -144,12 +144,17 @@ async fn a_cut_event_connection_is_noticed_by_its_silence_reconnected_and_its_ga
     traffic(&f, 0, 4).await;
     assert!(converged(&gw, &f).await);
     let before = gw.state.registry.wire_stats.snapshot();
-    // Three seconds without a network: what the engine publishes meanwhile never arrives, and
-    // the gateway's reconnects are refused.
+    // No network: what the engine publishes meanwhile never arrives, and the gateway's
+    // reconnects (after a second without a message) are refused; the cut lasts until two were.
     live.cut();
     replay.cut();
     traffic(&f, 4, 10).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    common::wait_until(
+        common::WAIT,
+        "two refused reconnects during the cut",
+        || async { gw.state.registry.wire_stats.snapshot().reconnects >= before.reconnects + 2 },
+    )
+    .await;
     assert_ne!(
         index_contents(&gw, "w0"),
         engine_contents(h),

@@ -100,7 +100,7 @@ async fn a_worker_failing_requests_is_ejected_after_three_and_probed_back() {
         WorkerSpec::new("b-good", &fleet.workers[0].base_url, PRESET),
     ])
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     for k in 0..6 {
         // Every request is served: a 500 before any byte is retried on the next worker.
         assert_eq!(complete(&gw, k).await, 200);
@@ -134,7 +134,7 @@ async fn a_worker_failing_requests_is_ejected_after_three_and_probed_back() {
 async fn client_errors_never_eject_a_worker() {
     let (url, hits, _) = failing_engine(400, 0).await;
     let gw = gateway(vec![WorkerSpec::new("w", &url, PRESET)]).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     for k in 0..8 {
         assert_eq!(
             complete(&gw, k).await,

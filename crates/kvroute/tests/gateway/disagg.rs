@@ -10,7 +10,6 @@ use kvroute::gateway::config::{CostModel, Role, WorkerSpec};
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, KvTransfer, SimHandle, WorkerConfig};
 use serde_json::{json, Value};
-use std::time::Duration;
 
 const PRESET: &str = "qwen3-next";
 
@@ -41,7 +40,7 @@ async fn gateway(specs: Vec<WorkerSpec>, cost: CostModel) -> GatewayHandle {
     let mut cfg = common::gateway_config(specs);
     cfg.weights.cost = cost;
     let gw = Gateway::start(cfg).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     gw
 }
 
@@ -104,17 +103,19 @@ async fn finished(h: &SimHandle) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(300)).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_is_prefilled_on_one_worker_and_decoded_on_another_streaming_and_not() {
     let p = pool("p", 2, Some("kv_producer")).await;
     let d = pool("d", 2, Some("kv_consumer")).await;
     let mut specs: Vec<WorkerSpec> = p.workers.iter().map(|h| spec(h, Role::Prefill)).collect();
     specs.extend(d.workers.iter().map(|h| spec(h, Role::Decode)));
-    let gw = gateway(specs, CostModel::Ttft).await;
+    // Without the delay-to-others charge: it weighs the arrival rate the gateway measures, so
+    // how fast this test sends its requests would decide where the history goes.
+    let mut cfg = common::gateway_config(specs);
+    cfg.weights.cost = CostModel::Ttft;
+    cfg.weights.delay_to_others = false;
+    let gw = Gateway::start(cfg).await.unwrap();
+    common::ready(&gw).await;
     // A conversation: each prompt extends the previous one, so the prefill worker holding the
     // history serves it from cache (the Mamba state at the previous prompt's last boundary).
     let mut body = prompt(7, 2000);
@@ -139,14 +140,19 @@ async fn a_request_is_prefilled_on_one_worker_and_decoded_on_another_streaming_a
         let predicted = r.decision["prefill"]["predicted_cached"].as_u64().unwrap();
         assert_eq!(r.cached, Some(predicted), "{}", r.decision);
         if i > 0 {
-            assert!(predicted >= 1600, "the history is reused: {predicted}");
+            assert!(
+                predicted >= 1600,
+                "the history is reused: {predicted} {}",
+                r.decision
+            );
         }
         // The decode worker reports the prefill leg's engine time beside its own TTFT, so both
         // legs add up on the engines' clock (what `kvroute demo --pd` times).
         let leg = r.sim["prefill_leg_s"].as_f64().unwrap_or(0.0);
         assert!(leg > 0.0, "{}", r.sim);
         assert!(r.sim["ttft_s"].as_f64().is_some(), "{}", r.sim);
-        settle().await;
+        common::settle(&gw).await;
+        common::idle(&gw).await;
     }
     // Every prefill leg computed one token; every decode leg decoded the answer.
     let mut legs_p = Vec::new();
@@ -196,7 +202,8 @@ async fn a_prefill_worker_that_is_no_kv_producer_is_passed_over_for_the_next() {
         assert_eq!(r.status, 200, "request {i}: {}", r.decision);
         assert_eq!(r.decision["prefill"]["worker"], "q0");
         via_good += 1;
-        settle().await;
+        common::settle(&gw).await;
+        common::idle(&gw).await;
     }
     assert_eq!(via_good, 6);
     let metrics = common::admin_metrics(&gw).await;
@@ -228,7 +235,7 @@ async fn a_prefill_worker_that_dies_with_the_request_or_hangs_is_retried_on_the_
         cfg.weights.cost = CostModel::Tokens;
         cfg.request_timeout_secs = 1.0;
         let gw = Gateway::start(cfg).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        common::ready(&gw).await;
         for i in 0..4u32 {
             let r = complete(
                 &gw,
@@ -239,7 +246,8 @@ async fn a_prefill_worker_that_dies_with_the_request_or_hangs_is_retried_on_the_
             assert_eq!(r.status, 200, "{fault:?}, request {i}: {}", r.decision);
             assert_eq!(r.decision["prefill"]["worker"], "q0", "{fault:?}");
             assert_eq!(r.decision["worker"], "d0", "{fault:?}");
-            settle().await;
+            common::settle(&gw).await;
+            common::idle(&gw).await;
         }
         assert!(
             hits.load(std::sync::atomic::Ordering::SeqCst) >= 1,
@@ -275,8 +283,15 @@ async fn the_decode_worker_is_the_less_loaded_one_and_a_pull_of_unknown_kv_fails
             .await
             .unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let admin = common::admin_workers(&gw).await;
+    let admin = common::wait_for(common::WAIT, "the long answer in flight", || async {
+        let admin = common::admin_workers(&gw).await;
+        let busy = admin["workers"].as_array().unwrap().iter();
+        match busy.filter(|w| w["in_flight"].as_u64() == Some(1)).count() {
+            0 => Err(admin.to_string()),
+            _ => Ok(admin),
+        }
+    })
+    .await;
     let busy: Vec<String> = admin["workers"]
         .as_array()
         .unwrap()

@@ -121,14 +121,6 @@ async fn complete(gw: &GatewayHandle, seed: u32) -> String {
     d["worker"].as_str().unwrap().to_string()
 }
 
-fn metric(text: &str, line_start: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// A simulated worker at `ip` on `http` (0: any) publishing on `events` (0: any), in real
 /// time.
 async fn worker_at(name: &str, ip: &str, http: u16, events: u16) -> SimHandle {
@@ -256,15 +248,15 @@ async fn a_records_become_workers_that_serve_and_a_removed_record_drains_then_dr
     wait_unindexed(&gw, &busy).await;
     assert!(indexed(&gw, kept));
     let text = common::admin_metrics(&gw).await;
-    assert_eq!(metric(&text, "kvroute_discovered_workers "), 1.0);
+    assert_eq!(common::metric(&text, "kvroute_discovered_workers "), 1.0);
     assert!(
-        metric(
+        common::metric(
             &text,
             "kvroute_discovery_resolutions_total{kind=\"dns\",result=\"ok\"}"
         ) > 0.0
     );
     assert_eq!(
-        metric(&text, "kvroute_fleet_changes_total{change=\"removed\"}"),
+        common::metric(&text, "kvroute_fleet_changes_total{change=\"removed\"}"),
         1.0
     );
     drop((pod_a, pod_b));
@@ -298,17 +290,22 @@ async fn srv_records_name_workers_by_target_and_port_and_dns_failures_keep_the_f
     dns.fail.store(true, Ordering::Relaxed);
     let errors = "kvroute_discovery_resolutions_total{kind=\"dns\",result=\"error\"}";
     let empty = "kvroute_discovery_resolutions_total{kind=\"dns\",result=\"empty\"}";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&common::admin_metrics(&gw).await, errors) < 2.0 {
-        assert!(Instant::now() < deadline, "no failed resolution counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let counted = |name: &'static str| {
+        let gw = &gw;
+        move || async move {
+            let text = common::admin_metrics(gw).await;
+            common::metric_if_present(&text, name).is_some_and(|n| n >= 2.0)
+        }
+    };
+    common::wait_until(
+        common::WAIT,
+        "two failed resolutions counted",
+        counted(errors),
+    )
+    .await;
     dns.fail.store(false, Ordering::Relaxed);
     dns.set(Vec::new());
-    while metric(&common::admin_metrics(&gw).await, empty) < 2.0 {
-        assert!(Instant::now() < deadline, "no empty answer counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::wait_until(common::WAIT, "two empty answers counted", counted(empty)).await;
     wait_for_workers(&gw, &sorted).await;
     complete(&gw, 2).await;
 
@@ -351,9 +348,9 @@ async fn worker_files_in_a_directory_come_and_go_and_a_malformed_file_costs_only
     .unwrap();
     std::fs::write(dir.join("c.toml"), "[[workers]\nname = ").unwrap();
     let scans = "kvroute_discovery_resolutions_total{kind=\"dir\",result=\"ok\"}";
-    let before = metric(&common::admin_metrics(&gw).await, scans);
+    let before = common::metric(&common::admin_metrics(&gw).await, scans);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&common::admin_metrics(&gw).await, scans) < before + 3.0 {
+    while common::metric(&common::admin_metrics(&gw).await, scans) < before + 3.0 {
         assert!(Instant::now() < deadline, "no scans");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

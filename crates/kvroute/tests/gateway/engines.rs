@@ -3,6 +3,7 @@
 //! unsupported release, or no `/version` at all), re-configured in the index by what it names,
 //! and shown in the admin view; a configured engine is kept whatever the worker says.
 
+use crate::common;
 use axum::routing::get;
 use axum::Router;
 use kvroute::gateway::config::{file::GatewayConfig, SpeculativeSpec, WorkerSpec};
@@ -13,7 +14,6 @@ use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 async fn gateway(workers: Vec<WorkerSpec>) -> GatewayHandle {
     let cfg = GatewayConfig {
@@ -26,33 +26,42 @@ async fn gateway(workers: Vec<WorkerSpec>) -> GatewayHandle {
     Gateway::start(cfg).await.unwrap()
 }
 
-/// The admin view of worker `name` once `ready` holds for it (at most 5 s).
+/// The admin view of worker `name` once `ready` holds for it; fails the test when it does not
+/// within the wait's deadline.
 async fn view_when(gw: &GatewayHandle, name: &str, ready: impl Fn(&Value) -> bool) -> Value {
     let url = format!("http://{}/admin/workers", gw.admin_addr);
-    let mut last = Value::Null;
-    for _ in 0..100 {
+    let what = format!("worker {name} to get there");
+    common::wait_for(common::WAIT, &what, || async {
         let body: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
-        if let Some(w) = body["workers"]
+        let w = body["workers"]
             .as_array()
             .and_then(|ws| ws.iter().find(|w| w["name"] == name))
-        {
-            last = w.clone();
-            if ready(w) {
-                return last;
-            }
+            .cloned()
+            .unwrap_or(Value::Null);
+        if !w.is_null() && ready(&w) {
+            Ok(w)
+        } else {
+            Err(w.to_string())
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("worker {name} never got there: {last}");
+    })
+    .await
 }
 
 /// A stand-in engine: `/health`, `/metrics`, and `/version` answering `version` (404 when
-/// `None`); counts the `/version` requests.
-async fn stand_in(version: Option<&'static str>) -> (String, Arc<AtomicU64>) {
+/// `None`); counts the `/version` requests and the health checks.
+async fn stand_in(version: Option<&'static str>) -> (String, Arc<AtomicU64>, Arc<AtomicU64>) {
     let asked = Arc::new(AtomicU64::new(0));
     let counter = asked.clone();
+    let checked = Arc::new(AtomicU64::new(0));
+    let checks = checked.clone();
     let app = Router::new()
-        .route("/health", get(|| async { "" }))
+        .route(
+            "/health",
+            get(move || {
+                checks.fetch_add(1, Ordering::Relaxed);
+                async { "" }
+            }),
+        )
         .route("/metrics", get(|| async { "" }))
         .route(
             "/version",
@@ -75,7 +84,7 @@ async fn stand_in(version: Option<&'static str>) -> (String, Arc<AtomicU64>) {
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    (format!("http://{addr}"), asked)
+    (format!("http://{addr}"), asked, checked)
 }
 
 fn detected(w: &Value) -> bool {
@@ -125,7 +134,7 @@ fn chain(tokens: &[u32], lookahead: usize) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_reporting_0_33_is_predicted_by_0_33_s_rules() {
-    let (url, _) = stand_in(Some("0.33.0")).await;
+    let (url, _, _) = stand_in(Some("0.33.0")).await;
     let mut spec = WorkerSpec::new("eagle", &url, "m");
     spec.speculative = SpeculativeSpec::Flag(true);
     let gw = gateway(vec![spec]).await;
@@ -163,7 +172,7 @@ async fn a_worker_reporting_0_33_is_predicted_by_0_33_s_rules() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_engine_is_kept_whatever_the_worker_reports() {
-    let (url, _) = stand_in(Some("0.32.0")).await;
+    let (url, _, _) = stand_in(Some("0.32.0")).await;
     let mut spec = WorkerSpec::new("pinned", &url, "m");
     spec.engine = Some(Engine::Vllm033);
     let gw = gateway(vec![spec]).await;
@@ -180,8 +189,8 @@ async fn a_configured_engine_is_kept_whatever_the_worker_reports() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsupported_or_missing_version_keeps_0_32_s_rules_and_is_asked_once() {
-    let (newer, _) = stand_in(Some("0.34.1")).await;
-    let (silent, asked) = stand_in(None).await;
+    let (newer, _, _) = stand_in(Some("0.34.1")).await;
+    let (silent, asked, checked) = stand_in(None).await;
     let gw = gateway(vec![
         WorkerSpec::new("newer", &newer, "m"),
         WorkerSpec::new("silent", &silent, "m"),
@@ -194,13 +203,15 @@ async fn an_unsupported_or_missing_version_keeps_0_32_s_rules_and_is_asked_once(
         "{w}"
     );
     // A 404 is an answer: after many health rounds /version was asked once.
-    for _ in 0..100 {
-        if asked.load(Ordering::Relaxed) > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    common::wait_until(common::WAIT, "/version asked", || async {
+        asked.load(Ordering::Relaxed) > 0
+    })
+    .await;
+    let from = checked.load(Ordering::Relaxed);
+    common::wait_until(common::WAIT, "five more health rounds", || async {
+        checked.load(Ordering::Relaxed) >= from + 5
+    })
+    .await;
     assert_eq!(asked.load(Ordering::Relaxed), 1);
     let w = view_when(&gw, "silent", |_| true).await;
     assert_eq!(

@@ -1,6 +1,8 @@
 //! The gateway's front and admin API over real HTTP: OpenAI-style errors with the right
 //! statuses, body limits, the admin token, and adding/removing workers.
 
+use crate::common;
+
 use kvroute::gateway::config::{file::GatewayConfig, WorkerSpec};
 use kvroute::gateway::{Gateway, GatewayHandle};
 use serde_json::{json, Value};
@@ -103,7 +105,10 @@ async fn malformed_requests_get_openai_style_errors_with_the_right_status() {
     )
     .await;
     assert!(s == 502 || s == 503, "{v}");
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    common::wait_until(common::WAIT, "the dead worker marked down", || async {
+        common::admin_workers(&gw).await["workers"][0]["healthy"] == false
+    })
+    .await;
     let (s, v, h) = post(
         format!("{base}/v1/completions"),
         json!({"model": "m", "prompt": [1, 2, 3]}),

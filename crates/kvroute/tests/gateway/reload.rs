@@ -63,14 +63,6 @@ async fn reload(gw: &GatewayHandle) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
-fn metric(text: &str, line_start: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_removed_worker_finishes(
 ) {
@@ -82,7 +74,7 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
     )
     .unwrap();
     let gw = gateway_from(&path).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    common::ready(&gw).await;
     let mut stream = reqwest::Client::new()
         .post(format!("http://{}/v1/completions", gw.addr))
         .json(&json!({"model": PRESET, "prompt": (3..67).collect::<Vec<u32>>(), "max_tokens": 400, "stream": true}))
@@ -165,7 +157,7 @@ async fn a_reload_changes_policy_and_workers_while_a_streaming_request_on_a_remo
     }
     let text = common::admin_metrics(&gw).await;
     assert_eq!(
-        metric(&text, "kvroute_config_reloads_total{result=\"ok\"}"),
+        common::metric(&text, "kvroute_config_reloads_total{result=\"ok\"}"),
         1.0
     );
     // The charge off again: the index stops keeping its figures.
@@ -229,7 +221,7 @@ async fn an_invalid_config_is_rejected_whole_with_the_reason_and_the_old_one_sta
     assert_eq!(gw.state.config().policy.name(), "round-robin");
     let text = common::admin_metrics(&gw).await;
     assert_eq!(
-        metric(&text, "kvroute_config_reloads_total{result=\"rejected\"}"),
+        common::metric(&text, "kvroute_config_reloads_total{result=\"rejected\"}"),
         4.0
     );
     // The good file again: a reload that changes nothing keeps the worker and its state.

@@ -9,7 +9,8 @@ use kvroute::gateway::config::file::GatewayConfig;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 const PRESET: &str = "tiny-gemma3";
 
@@ -27,7 +28,7 @@ async fn replica(f: &Fleet) -> GatewayHandle {
         ..common::gateway_config(workers.collect())
     };
     let gw = Gateway::start(cfg).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     gw
 }
 
@@ -56,26 +57,18 @@ async fn predictions(gw: &GatewayHandle, tokens: &[u32]) -> Vec<(String, u64)> {
     common::predictions(&gw.admin_addr.to_string(), PRESET, tokens).await
 }
 
-/// Waits until every replica holds as many block copies as the first and the figure is stable.
+/// Waits until every replica's index applied every event batch the engines queued (so all
+/// hold the same copies); fails the test when one does not within the wait's deadline.
 async fn agree(replicas: &[&GatewayHandle]) {
-    let copies = |g: &GatewayHandle| g.state.registry.index.stats().block_copies;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut stable = 0;
-    let mut last = None;
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let now: Vec<u64> = replicas.iter().map(|g| copies(g)).collect();
-        let same = now.windows(2).all(|w| w[0] == w[1]);
-        if same && last.as_ref() == Some(&now) {
-            stable += 1;
-            if stable >= 4 {
-                return;
-            }
-        } else {
-            stable = 0;
-        }
-        last = Some(now);
+    for g in replicas {
+        common::settle(g).await;
     }
+}
+
+/// Requests running on every worker as `gw` counts them (its own, and the engine's figures
+/// that include the other replicas').
+fn running(gw: &GatewayHandle) -> u64 {
+    gw.state.registry.all().iter().map(|w| w.running()).sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,12 +117,15 @@ fn busiest_share(workers: &[String]) -> f64 {
     *counts.values().max().unwrap_or(&0) as f64 / workers.len().max(1) as f64
 }
 
-/// `n` requests sharing one warm prefix, sent 15 ms apart, each through `replicas` in turn;
-/// returns the worker each went to.
+/// `n` requests sharing one warm prefix, streamed through `replicas` in turn; returns the
+/// worker each went to. Each is sent once the one before is running at its engine and every
+/// replica counts it (its own count, or the engine's figures it polls), not after a fixed
+/// spacing: every decision then sees all the load before it, on a fast machine or a slow one.
 async fn burst(replicas: &[&GatewayHandle], n: usize, seed: u32) -> Vec<String> {
     let hot = prompt(seed, 160);
     complete(replicas[0], &hot, 1).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    agree(replicas).await;
+    let finished = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for k in 0..n {
         let mut p = hot.clone();
@@ -137,8 +133,10 @@ async fn burst(replicas: &[&GatewayHandle], n: usize, seed: u32) -> Vec<String> 
         let gw = replicas[k % replicas.len()];
         let (addr, body) = (
             gw.addr,
-            json!({"model": PRESET, "prompt": p, "max_tokens": 24}),
+            json!({"model": PRESET, "prompt": p, "max_tokens": 24, "stream": true}),
         );
+        let (routed_tx, routed) = tokio::sync::oneshot::channel();
+        let done = finished.clone();
         tasks.push(tokio::spawn(async move {
             let r = reqwest::Client::new()
                 .post(format!("http://{addr}/v1/completions"))
@@ -148,10 +146,18 @@ async fn burst(replicas: &[&GatewayHandle], n: usize, seed: u32) -> Vec<String> 
                 .unwrap();
             let d: Value =
                 serde_json::from_str(r.headers()["x-kvroute-decision"].to_str().unwrap()).unwrap();
+            let _ = routed_tx.send(());
             let _ = r.bytes().await;
+            done.fetch_add(1, Ordering::SeqCst);
             d["worker"].as_str().unwrap().to_string()
         }));
-        tokio::time::sleep(Duration::from_millis(15)).await;
+        routed.await.unwrap();
+        let what = format!("every replica counting the {} requests in flight", k + 1);
+        common::wait_until(common::WAIT, &what, || async {
+            let in_flight = k as u64 + 1 - finished.load(Ordering::SeqCst);
+            replicas.iter().all(|g| running(g) >= in_flight)
+        })
+        .await;
     }
     let mut out = Vec::new();
     for t in tasks {
@@ -167,7 +173,13 @@ async fn two_replicas_under_load_spread_no_worse_than_one_because_each_counts_th
     let a = replica(&f).await;
     let b = replica(&f).await;
     let one = busiest_share(&burst(&[&a], 24, 11).await);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The second burst starts on idle engines, as the first did.
+    common::wait_until(
+        common::WAIT,
+        "both replicas counting nothing running",
+        || async { running(&a) == 0 && running(&b) == 0 },
+    )
+    .await;
     let two = busiest_share(&burst(&[&a, &b], 24, 12).await);
     // Stated bound: the busiest worker's share with two replicas is at most one replica's plus
     // an eighth (three requests of 24).
@@ -208,11 +220,13 @@ async fn a_replica_counts_requests_another_replica_has_in_flight() {
         }));
     }
     // a, which sent nothing, sees them through the engine's figures.
-    let deadline = Instant::now() + Duration::from_secs(5);
     let w = &a.state.registry.all()[0];
-    while w.running() < 3 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::wait_until(
+        common::WAIT,
+        "replica a counting b's three requests",
+        || async { w.running() >= 3 },
+    )
+    .await;
     assert_eq!(w.running(), 3);
     assert_eq!(w.in_flight.load(std::sync::atomic::Ordering::Relaxed), 0);
     for t in tasks {

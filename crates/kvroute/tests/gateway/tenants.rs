@@ -27,7 +27,7 @@ async fn gateway(f: &Fleet, tenants: Vec<TenantSpec>) -> GatewayHandle {
     let mut cfg = common::gateway_config(vec![common::sim_spec(&f.workers[0], PRESET, true)]);
     cfg.tenants = tenants;
     let gw = Gateway::start(cfg).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     gw
 }
 
@@ -72,7 +72,8 @@ fn small(seed: u32) -> Value {
     json!({"model": PRESET, "prompt": prompt(seed, 40), "max_tokens": 2})
 }
 
-/// The value of the metric line naming `name` with every one of `labels` (0 when absent).
+/// The value of the metric line naming `name` with every one of `labels`; fails the test when
+/// there is none.
 async fn metric(gw: &GatewayHandle, name: &str, labels: &[&str]) -> f64 {
     let text = common::admin_metrics(gw).await;
     text.lines()
@@ -80,7 +81,7 @@ async fn metric(gw: &GatewayHandle, name: &str, labels: &[&str]) -> f64 {
         .filter(|l| labels.iter().all(|x| l.contains(x)))
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
         .next()
-        .unwrap_or(0.0)
+        .unwrap_or_else(|| panic!("no metric {name} with {labels:?} in:\n{text}"))
 }
 
 fn assert_openai_error(body: &Value, status: u16, kind: &str) {

@@ -116,7 +116,7 @@ async fn gateway_in_front_of(bad_url: &str, good: &Fleet) -> GatewayHandle {
     ]);
     cfg.request_timeout_secs = 1.0;
     let gw = Gateway::start(cfg).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     gw
 }
 

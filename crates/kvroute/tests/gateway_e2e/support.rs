@@ -7,7 +7,6 @@ use kvroute::gateway::config::WorkerSpec;
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, SimHandle, WorkerConfig};
 use serde_json::Value;
-use std::time::Duration;
 
 pub const PRESET: &str = "tiny-gemma3";
 
@@ -24,7 +23,7 @@ pub fn spec(h: &SimHandle) -> WorkerSpec {
 pub async fn gateway(workers: Vec<WorkerSpec>) -> GatewayHandle {
     let cfg = common::gateway_config(workers);
     let gw = Gateway::start(cfg).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::ready(&gw).await;
     gw
 }
 

@@ -320,6 +320,39 @@ fn weighed_decision(
     decide_with(registry, workers, req, PolicyKind::HybridAware, weights).decision
 }
 
+/// [`weighed_decision`] on the fleet as it stands at `now` (the clock injected: the figures
+/// that decay with time, arrival rates and living conversations, are read at `now` however
+/// long the test took to get here).
+fn weighed_decision_at(
+    registry: &Registry,
+    workers: &[Arc<Worker>],
+    prompt: &[u32],
+    follow_up: bool,
+    weights: &PolicyWeights,
+    now: Instant,
+) -> Decision {
+    prepare(registry, workers, PolicyKind::HybridAware, weights);
+    let req = RouteRequest {
+        follow_up,
+        ..RouteRequest::base(registry, prompt)
+    };
+    let taken = snapshot(
+        registry,
+        workers,
+        &req,
+        PolicyKind::HybridAware,
+        weights,
+        now,
+    );
+    let facts = RequestFacts {
+        tokens: req.tokens.len() as u64,
+        follow_up: req.follow_up,
+        max_tokens: req.max_tokens,
+        rr: req.rr,
+    };
+    kvroute_route::decide(PolicyKind::HybridAware, weights, &facts, &taken.snapshot)
+}
+
 /// The candidate for worker `w` in a decision.
 fn candidate(d: &Decision, w: &str) -> Candidate {
     d.candidates
@@ -381,7 +414,10 @@ fn a_new_conversation_is_priced_with_the_conversations_living_on_each_worker() {
         workers[0].live.add(now, life);
     }
     workers[1].live.add(now, life);
-    let run = |follow_up: bool| hybrid_decision(&registry, &workers, &[9; 64], follow_up);
+    let weights = PolicyWeights::default();
+    let run = |follow_up: bool| {
+        weighed_decision_at(&registry, &workers, &[9; 64], follow_up, &weights, now)
+    };
     let d = run(false);
     let by = |d: &Decision, w: &str| {
         d.candidates
@@ -551,21 +587,22 @@ fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_sh
     };
     let long: Vec<u32> = (1..=2000).collect();
     let short: Vec<u32> = (1..=16).collect();
-    let d = weighed_decision(&registry, &workers, &long, false, None, &base);
+    let d = weighed_decision_at(&registry, &workers, &long, false, &base, now);
     assert_eq!(
         d.worker, "d",
         "by its own TTFT the long prompt takes the idle worker"
     );
     // Off, the charge is not computed.
     assert!(d.candidates.iter().all(|c| c.next_arrivals_ms == 0.0));
-    let d = weighed_decision(&registry, &workers, &long, false, None, &charged);
+    let d = weighed_decision_at(&registry, &workers, &long, false, &charged, now);
     assert_eq!(
         d.worker, "a",
         "charged, it queues behind the shortest queue"
     );
     // Only the idle worker's placement has a charge, and it is the candidates' own waits
     // through `next_arrivals_ms` at the fleet's rate (0.2 requests a ms while the last
-    // arrival is under 20 ms old; lower after, never lower than the rate read now).
+    // arrival is under 20 ms old; lower after, never lower than the rate at the decision's
+    // `now`, the clock every decision here is given).
     let idle = candidate(&d, "d");
     for w in ["a", "b", "c"] {
         assert_eq!(candidate(&d, w).next_arrivals_ms, 0.0);
@@ -576,10 +613,7 @@ fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_sh
         .iter()
         .position(|c| c.worker == "d")
         .expect("candidate d");
-    let rate_now: f64 = workers
-        .iter()
-        .map(|w| w.arrivals.per_ms(std::time::Instant::now()))
-        .sum();
+    let rate_now: f64 = workers.iter().map(|w| w.arrivals.per_ms(now)).sum();
     let lo = next_arrivals_ms(&waits, at, idle.own_prefill_ms, rate_now);
     let hi = next_arrivals_ms(&waits, at, idle.own_prefill_ms, 0.2);
     assert!(lo > 0.0, "{idle:?}");
@@ -588,13 +622,13 @@ fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_sh
         "{lo} <= {} <= {hi}",
         idle.next_arrivals_ms
     );
-    let d = weighed_decision(&registry, &workers, &short, false, None, &charged);
+    let d = weighed_decision_at(&registry, &workers, &short, false, &charged, now);
     assert_eq!(d.worker, "d", "a short prompt still takes the idle worker");
     // λ counts the requests that went where the wait was least: the short prompt did, the
     // long one queuing behind "a" did not.
     record_least_loaded(&registry, &d.candidates);
     assert_eq!(registry.least_loaded.share(), 1.0);
-    let d = weighed_decision(&registry, &workers, &long, false, None, &charged);
+    let d = weighed_decision_at(&registry, &workers, &long, false, &charged, now);
     assert_eq!(d.worker, "a");
     record_least_loaded(&registry, &d.candidates);
     let share = registry.least_loaded.share();
