@@ -601,7 +601,7 @@ impl Ctx<'_> {
         cfg: &WorkerConfig,
     ) -> u64 {
         // Copies are whole scheduler blocks.
-        if local % self.p.sched != 0 {
+        if !local.is_multiple_of(self.p.sched) {
             return 0;
         }
         // 0.33: the suffix's chunk boundaries must be the request's.
@@ -611,7 +611,7 @@ impl Ctx<'_> {
                     continue;
                 }
                 if let Some(chunk) = self.chunk.or(spec.window).filter(|c| *c > 0) {
-                    if local % u64::from(chunk) != 0 {
+                    if !local.is_multiple_of(u64::from(chunk)) {
                         return 0;
                     }
                 }
