@@ -5,7 +5,8 @@
 //! (`get_num_new_matched_tokens`: the device hit handed over, the tokens it loads), the same
 //! tokens. Skips the fixtures whose drafter groups are flagged under the drop (vLLM 0.33's
 //! EAGLE with a connector: the connector pops a drafter chunk, which the simulator refuses to
-//! run).
+//! run). Also: the simulator's lookahead count (`SpecRules`) against the one vLLM's config
+//! derived for each fixture.
 
 use crate::common::corpus;
 use kvroute_index::hash::BlockExtras;
@@ -164,4 +165,40 @@ fn the_simulator_s_offloading_rule_loads_what_vllm_s_connector_loaded_on_every_o
         "lookups that loaded from the tier: {loaded} of {compared}"
     );
     assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// The simulator's own reading of `--speculative-config` (`vllm_rules::SpecRules`) against the
+/// `num_hash_lookahead_tokens` vLLM derived for every oracle fixture without a KV connector.
+#[test]
+fn the_simulator_s_lookahead_count_is_the_one_vllm_derived_for_every_oracle_fixture() {
+    let mut checked = 0;
+    for d in std::fs::read_dir(root()).unwrap().filter_map(Result::ok) {
+        let d = d.path();
+        if !d.join("meta.json").exists() {
+            continue;
+        }
+        let name = d.file_name().unwrap().to_string_lossy().to_string();
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join("meta.json")).unwrap()).unwrap();
+        let args = &meta["engine_args"];
+        if args.get("kv_transfer_config").is_some_and(|v| !v.is_null()) {
+            continue;
+        }
+        let generation = meta["engine"]
+            .as_str()
+            .and_then(|e| e.split_whitespace().last())
+            .and_then(kvroute_index::Engine::from_version)
+            .unwrap();
+        let spec = args
+            .get("speculative_config")
+            .filter(|v| !v.is_null())
+            .map(|v| serde_json::from_value::<kvroute_index::Speculative>(v.clone()).unwrap());
+        let ours = kvroute_sim::vllm_rules::SpecRules::of(generation, spec.as_ref()).lookahead;
+        let vllm = meta["oracle"]["num_hash_lookahead_tokens"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(u64::from(ours), vllm, "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 20, "fixtures checked: {checked}");
 }
