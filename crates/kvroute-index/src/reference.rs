@@ -1,23 +1,31 @@
 //! The literal reference model the fast index is tested against.
 //!
 //! Owns: per (worker, rank, group) a plain `Vec` of hashes used as a multiset, and vLLM's hit
-//! procedure written as the engine writes it: each manager's scan as a plain loop
-//! (`find_longest_cache_hit`), and the hybrid coordinator's passes over lookups with identical
-//! specs merged, full-attention kinds first, full attention computed once then trimmed; under
-//! each worker's engine rules (vLLM 0.33 with `L` lookahead tokens: the request hashed with
-//! them, the hit bounded by `n − max(1, L)`, no EAGLE drop).
-//! The offload tiers are plain multisets per (medium, group), and a tier's hit is
-//! `tier::offload_hit` over them (the connector's rule, a pure function unit-tested on its own).
-//! Invariant: obviously correct before fast — no early exits beyond the engine's own, no shared
-//! code with `rules` or `holder`.
+//! procedure written as the engine writes it, from vLLM 0.32's and 0.33's sources, with plain
+//! loops: each manager's scan (`find_longest_cache_hit`), the hybrid coordinator's passes over
+//! lookups with identical specs merged, full-attention kinds first, full attention computed
+//! once then trimmed; the lookup parameters (`RefParams`: the hash block, the scheduler block,
+//! the alignment, fine-grained hits, as `resolve_kv_cache_block_sizes` and the coordinators
+//! derive them) and each engine's rules (vLLM 0.33 with `L` lookahead tokens: the request
+//! hashed with them, the hit bounded by `n − max(1, L)`, no EAGLE drop; the drop in every
+//! group, or with the drafter's groups flagged only in the full-attention ones); and the
+//! offload tiers as plain multisets per (medium, group), looked up by the worker's connector:
+//! the `OffloadingConnector`'s `_lookup_complete_chunks` and the `SimpleCPUOffloadConnector`'s
+//! `get_num_new_matched_tokens` (the coordinator over the tier's blocks), each as loops here.
+//! Invariant: obviously correct before fast — no early exits beyond the engine's own; no shared
+//! code with `rules`, `holder`, `tier`, `tier_lookup`, `engine::Rules` or `Layout::params_with`
+//! (what it shares with the index: the event types, the block hasher and `Layout::learn`, which
+//! records each group's kind, window and block sizes from the stores). The oracle fixtures
+//! (`conformance/oracle/`) check it against vLLM's own code.
 //! Must not: be used on a hot path (every operation is linear).
 
+use crate::engine::Engine;
 use crate::event::{is_device_medium, CacheKind, Event, Rule, WorkerId};
 use crate::hash::{self, BlockHasher};
 use crate::index::Query;
-use crate::layout::{GroupSpec, Layout, Learned, Params};
+use crate::layout::{GroupSpec, Layout, Learned};
 use crate::rank::{HashMode, WorkerConfig};
-use crate::tier::{self, OffloadConnector, TierGroup};
+use crate::tier::OffloadConnector;
 use std::collections::BTreeMap;
 
 #[derive(Default, Clone)]
@@ -164,7 +172,7 @@ impl Reference {
             return (0, 0);
         };
         let cfg = self.config(worker);
-        let Some(p) = rank.layout.params_with(&cfg.lookup, cfg.rules()) else {
+        let Some(p) = RefParams::derive(&rank.layout, &cfg) else {
             return (0, 0);
         };
         let HashMode::Engine { algo, seed } = &cfg.hash else {
@@ -245,29 +253,46 @@ impl Reference {
     }
 }
 
-struct Ctx<'a> {
-    rank: &'a RefRank,
-    hashes: &'a [u64],
-    p: &'a Params,
-    chunk: Option<u32>,
+/// The lookup parameters of one (worker, rank), derived here as vLLM derives them, sharing no
+/// code with `Layout::params_with` or `engine::Rules`: `resolve_kv_cache_block_sizes` (the
+/// scheduler block, the hash block), the hybrid coordinator's `enable_partial_hash_hits` and
+/// `_cache_hit_alignment_tokens`, the unitary coordinator's alignment, and the engine's rules.
+#[derive(Clone, Copy, Debug)]
+struct RefParams {
+    /// Tokens per block hash.
+    hash_block: u32,
+    /// The scheduler block: the least common multiple of every group's block size (`u32::MAX`
+    /// when it does not fit).
+    sched: u64,
+    /// Hits are multiples of it.
+    align: u32,
+    /// Fine-grained (hash-block) hits in full-attention and Mamba groups.
+    fine_grained: bool,
+    /// One KV cache group (`UnitaryKVCacheCoordinator`).
+    unitary: bool,
+    /// Matches drop the EAGLE block.
+    eagle: bool,
+    /// Under the drop, only full-attention lookups drop (the engine flags the drafter's groups,
+    /// full attention for every drafter kvroute knows; vLLM drops in a spec group holding a
+    /// flagged group, and in every group when none is flagged).
+    eagle_full_only: bool,
+    /// vLLM 0.33's lookahead tokens per block hash.
+    lookahead: u32,
 }
 
-impl Ctx<'_> {
-    /// The device hit `device` extended by the offload tier that serves most, by the worker's
-    /// connector: `tier::offload_hit` from the device hit rounded down to the alignment, or
-    /// (`SimpleCPUOffloadConnector`) the coordinator over the tier's blocks on the hashes after
-    /// the device hit.
-    fn with_tier(
-        &self,
-        lookups: &[(GroupSpec, Vec<u32>)],
-        n: usize,
-        device: u64,
-        cfg: &WorkerConfig,
-    ) -> u64 {
-        // The scheduler block: the least common multiple of the groups' block sizes, the
-        // largest u32 when it does not fit.
+impl RefParams {
+    /// `None` when no group is prefix-cacheable.
+    fn derive(layout: &Layout, cfg: &WorkerConfig) -> Option<RefParams> {
+        let mut cacheable: Vec<&GroupSpec> = Vec::new();
+        for spec in layout.groups.values() {
+            if spec.rule() != Rule::NotCacheable && spec.block_size > 0 {
+                cacheable.push(spec);
+            }
+        }
+        let first = *cacheable.first()?;
+        // The scheduler block: the LCM of every group's block size.
         let mut sched = 1u64;
-        for spec in self.rank.layout.groups.values() {
+        for spec in layout.groups.values() {
             let b = u64::from(spec.block_size);
             if b == 0 {
                 continue;
@@ -284,22 +309,290 @@ impl Ctx<'_> {
                 }
             }
         }
-        let local = device - device % sched;
+        let unitary = layout.groups.len() == 1;
+        // The hash block: the configured prefix-match unit, else the smallest (partial) block
+        // size the events showed, else the GCD of the cacheable groups' block sizes (one
+        // group's block size when there is one). vLLM refuses to start with a unit other than
+        // the block size on one group, so on a running engine the configured unit there is
+        // the block size; kvroute's configuration is taken as given (as the index does).
+        let mut h = 0u64;
+        let mut smallest_partial: Option<u64> = None;
+        for spec in &cacheable {
+            let b = u64::from(spec.block_size);
+            let (mut x, mut y) = (h, b);
+            while y != 0 {
+                (x, y) = (y, x % y);
+            }
+            h = x;
+            if let Some(p) = spec.partial_size {
+                let p = u64::from(p);
+                smallest_partial = Some(smallest_partial.map_or(p, |s| s.min(p)));
+            }
+        }
+        if let Some(p) = smallest_partial {
+            h = p;
+        }
+        if let Some(unit) = cfg.lookup.hash_block_size {
+            h = u64::from(unit);
+        }
+        let h = h.max(1);
+        let (hash_block, align, fine_grained) = if unitary {
+            // One group (`UnitaryKVCacheCoordinator`): hits at its block size.
+            (h, u64::from(first.block_size), false)
+        } else {
+            // Partial hash hits: an align-mode Mamba group coarser than the hash block, and
+            // every other cacheable group either one whose manager looks up fine-grained
+            // (full attention, Mamba) or one at the hash block.
+            let mut mamba_coarser = false;
+            let mut all_support = true;
+            for spec in &cacheable {
+                let b = u64::from(spec.block_size);
+                match spec.rule() {
+                    Rule::Mamba => mamba_coarser |= b > h,
+                    Rule::FullAttention => {}
+                    _ => all_support &= b == h,
+                }
+            }
+            let fine = mamba_coarser && all_support;
+            (h, if fine { h } else { sched }, fine)
+        };
+        // The engine's rules: lookahead hashes only on 0.33, and then no drop.
+        let lookahead = if cfg.engine == Engine::Vllm033 {
+            cfg.hash_lookahead_tokens
+        } else {
+            0
+        };
+        let eagle = cfg.lookup.eagle && lookahead == 0;
+        Some(RefParams {
+            hash_block: u32::try_from(hash_block).ok()?,
+            sched,
+            align: u32::try_from(align).ok()?,
+            fine_grained,
+            unitary,
+            eagle,
+            eagle_full_only: eagle && !cfg.lookup.drafter_groups_unflagged,
+            lookahead,
+        })
+    }
+}
+
+struct Ctx<'a> {
+    rank: &'a RefRank,
+    hashes: &'a [u64],
+    p: &'a RefParams,
+    chunk: Option<u32>,
+}
+
+impl Ctx<'_> {
+    /// The device hit `device` extended by the offload tier that serves most, by the worker's
+    /// connector. vLLM's scheduler hands the connector its device hit rounded down to the
+    /// scheduler block (`block_aligned_local`) and keeps the connector's hit only when it goes
+    /// past the unrounded one.
+    fn with_tier(
+        &self,
+        lookups: &[(GroupSpec, Vec<u32>)],
+        n: usize,
+        device: u64,
+        cfg: &WorkerConfig,
+    ) -> u64 {
+        let local = device - device % self.p.sched;
         let mut best = device;
         let media: Vec<&String> = self.rank.tiers.keys().map(|(m, _)| m).collect();
         for medium in media {
             let ext = match cfg.lookup.offload_connector {
-                OffloadConnector::Offloading => self.offloading_hit(lookups, n, local, medium, cfg),
-                OffloadConnector::SimpleCpu => {
-                    self.simple_cpu_hit(lookups, n, (local, sched), medium, cfg)
-                }
+                OffloadConnector::Offloading => self.offloading_hit(n, local, medium, cfg),
+                OffloadConnector::SimpleCpu => self.simple_cpu_hit(lookups, n, local, medium, cfg),
             };
             best = best.max(local + ext);
         }
         best
     }
 
-    fn offloading_hit(
+    /// Does the tier `medium` hold `key` in group `group`?
+    fn tier_holds(&self, medium: &str, group: u32, key: u64) -> bool {
+        self.rank
+            .tiers
+            .get(&(medium.to_string(), group))
+            .is_some_and(|held| held.contains(&key))
+    }
+
+    /// The `OffloadingConnector`'s scheduler-side lookup (`_lookup_complete_chunks` in
+    /// `offloading/scheduler.py`, vLLM 0.32 and 0.33) as plain loops: the tokens after `local`
+    /// it can load from `medium`. No group is a flagged drafter group here (`predict` asks only
+    /// then), no lookup is deferred, no chunk is being loaded, no `max_load_tokens`.
+    fn offloading_hit(&self, n: usize, local: u64, medium: &str, cfg: &WorkerConfig) -> u64 {
+        /// One offloaded group (`GroupOffloadConfig`).
+        struct Offloaded {
+            group: u32,
+            tokens_per_chunk: i64,
+            hashes_per_chunk: usize,
+            /// `sliding_window_size_in_chunks` (`None`: full attention).
+            window_chunks: Option<i64>,
+            /// A sliding window's tokens (`load_window_size_in_chunks` widens by it).
+            sliding_window: Option<i64>,
+        }
+        let blocks_per_chunk = i64::from(cfg.lookup.offload_chunk_blocks.unwrap_or(1).max(1));
+        let hash_block = i64::from(self.p.hash_block);
+        let mut configs: Vec<Offloaded> = Vec::new();
+        let mut mamba_align: Option<i64> = None;
+        for (id, spec) in &self.rank.layout.groups {
+            let rule = spec.rule();
+            if rule == Rule::NotCacheable || spec.block_size == 0 {
+                continue;
+            }
+            let c = i64::from(spec.block_size) * blocks_per_chunk;
+            let hashes_per_chunk = (c / hash_block) as usize;
+            if hashes_per_chunk == 0 {
+                continue;
+            }
+            let (window_chunks, sliding_window) = match rule {
+                Rule::FullAttention => (None, None),
+                Rule::SlidingWindow => {
+                    let Some(w) = spec.window.filter(|w| *w > 0).map(i64::from) else {
+                        continue;
+                    };
+                    // max(⌈w / c⌉, ⌈(w − 1 + extra_retained_tokens) / c⌉), no extra tokens.
+                    let a = (w + c - 1) / c;
+                    let b = (w - 1 + c - 1) / c;
+                    (Some(a.max(b)), Some(w))
+                }
+                Rule::ChunkedLocal => {
+                    let Some(chunk) = self.chunk.or(spec.window).filter(|c| *c > 0) else {
+                        continue;
+                    };
+                    (Some((i64::from(chunk) + c - 1) / c), None)
+                }
+                Rule::Mamba => {
+                    mamba_align = Some(c);
+                    (Some(1), None)
+                }
+                Rule::NotCacheable => continue,
+            };
+            configs.push(Offloaded {
+                group: *id,
+                tokens_per_chunk: c,
+                hashes_per_chunk,
+                window_chunks,
+                sliding_window,
+            });
+        }
+        // Full attention first, then the windowed groups by window, largest first (a stable
+        // sort, as Python's).
+        let mut full_groups: Vec<usize> = Vec::new();
+        let mut window_groups: Vec<usize> = Vec::new();
+        for (i, g) in configs.iter().enumerate() {
+            if g.window_chunks.is_none() {
+                full_groups.push(i);
+            } else {
+                window_groups.push(i);
+            }
+        }
+        window_groups.sort_by_key(|i| std::cmp::Reverse(configs[*i].window_chunks));
+        let mut all_groups = full_groups.clone();
+        all_groups.extend(window_groups.iter().copied());
+
+        let local = local as i64;
+        let mut max_hit = n as i64;
+        if !window_groups.is_empty() {
+            // The last prompt token is computed again.
+            max_hit -= 1;
+            if let Some(m) = mamba_align {
+                max_hit -= max_hit.rem_euclid(m);
+            }
+        }
+        let mut num_hit: i64 = 0;
+        let mut lookup_groups = all_groups.clone();
+        while !lookup_groups.is_empty() {
+            let mut looked_up_window = false;
+            let this_pass = std::mem::take(&mut lookup_groups);
+            for gi in this_pass {
+                let g = &configs[gi];
+                let c = g.tokens_per_chunk;
+                // The group's keys: the hash ending each whole chunk.
+                let mut keys: Vec<u64> = Vec::new();
+                let mut idx = g.hashes_per_chunk - 1;
+                while idx < self.hashes.len() {
+                    keys.push(self.hashes[idx]);
+                    idx += g.hashes_per_chunk;
+                }
+                let num_keys = keys.len() as i64;
+                max_hit = max_hit.min(num_keys * c);
+                if max_hit - local < c {
+                    return 0;
+                }
+                let num_chunks = ((max_hit + c - 1) / c).min(num_keys);
+                let start = local / c;
+                let window: Vec<u64> = if start < num_chunks {
+                    keys[start as usize..num_chunks as usize].to_vec()
+                } else {
+                    Vec::new()
+                };
+                let holds = |key: u64| self.tier_holds(medium, g.group, key);
+                let num_hit_chunks: i64 = match g.window_chunks {
+                    None => {
+                        // The longest run of held keys from the start.
+                        let mut count = 0;
+                        for key in &window {
+                            if !holds(*key) {
+                                break;
+                            }
+                            count += 1;
+                        }
+                        count
+                    }
+                    Some(required) => {
+                        let candidate_end = max_hit.min(num_chunks * c);
+                        // `load_window_size_in_chunks`: a sliding window also covers the
+                        // chunk the end rounds up into.
+                        let mut initial = required;
+                        if let Some(w) = g.sliding_window {
+                            let pad = (-candidate_end).rem_euclid(c);
+                            initial = initial.max((w - 1 + pad + c - 1) / c);
+                        }
+                        // Scanning from the right: the end of the first run of `need` held
+                        // keys (`initial` for the run touching the right edge), else the
+                        // length of the run reaching the start.
+                        let mut consecutive = 0i64;
+                        let mut need = if initial != 0 { initial } else { required };
+                        let mut found = None;
+                        for i in (0..window.len()).rev() {
+                            if holds(window[i]) {
+                                consecutive += 1;
+                            } else {
+                                consecutive = 0;
+                                need = required;
+                            }
+                            if consecutive == need {
+                                found = Some(i as i64 + need);
+                                break;
+                            }
+                        }
+                        found.unwrap_or(consecutive)
+                    }
+                };
+                if num_hit_chunks == 0 {
+                    return 0;
+                }
+                max_hit = max_hit.min(c * (start + num_hit_chunks));
+                let new_num_hit = max_hit - local;
+                if new_num_hit < c {
+                    return 0;
+                }
+                if new_num_hit < num_hit && looked_up_window && lookup_groups.is_empty() {
+                    // A window group looked up at a longer end is looked up again.
+                    lookup_groups = window_groups.clone();
+                }
+                looked_up_window |= g.window_chunks.is_some();
+                num_hit = new_num_hit;
+            }
+        }
+        num_hit.max(0) as u64
+    }
+
+    /// The `SimpleCPUOffloadConnector`'s `get_num_new_matched_tokens` (`simple_kv_offload/
+    /// manager.py`): the coordinator's own rules over the tier's blocks, on the hashes after
+    /// `local`, at most `n − 1 − local`.
+    fn simple_cpu_hit(
         &self,
         lookups: &[(GroupSpec, Vec<u32>)],
         n: usize,
@@ -307,60 +600,31 @@ impl Ctx<'_> {
         medium: &str,
         cfg: &WorkerConfig,
     ) -> u64 {
-        let per_chunk = cfg.lookup.offload_chunk_blocks.unwrap_or(1);
-        let mut groups = Vec::new();
-        for (spec, ids) in lookups {
-            let window = match spec.rule() {
-                Rule::ChunkedLocal => self.chunk.or(spec.window),
-                _ => spec.window,
-            };
-            for g in ids {
-                if let Some(t) = TierGroup::new(
-                    *g,
-                    spec.rule(),
-                    window,
-                    spec.block_size,
-                    per_chunk,
-                    self.p.hash_block,
-                ) {
-                    groups.push(t);
+        // Copies are whole scheduler blocks.
+        if !local.is_multiple_of(self.p.sched) {
+            return 0;
+        }
+        // 0.33: the suffix's chunk boundaries must be the request's.
+        if cfg.engine == Engine::Vllm033 {
+            for (spec, _) in lookups {
+                if spec.rule() != Rule::ChunkedLocal {
+                    continue;
+                }
+                if let Some(chunk) = self.chunk.or(spec.window).filter(|c| *c > 0) {
+                    if !local.is_multiple_of(u64::from(chunk)) {
+                        return 0;
+                    }
                 }
             }
         }
-        let holds = |g: u32, key: u64| {
-            self.rank
-                .tiers
-                .get(&(medium.to_string(), g))
-                .is_some_and(|held| held.contains(&key))
-        };
-        tier::offload_hit(n, local as usize, self.hashes, &groups, holds) as u64
-    }
-
-    /// The `SimpleCPUOffloadConnector`: a rank whose device blocks are the medium's, asked for
-    /// the request's tokens after `local`.
-    fn simple_cpu_hit(
-        &self,
-        lookups: &[(GroupSpec, Vec<u32>)],
-        n: usize,
-        (local, sched): (u64, u64),
-        medium: &str,
-        cfg: &WorkerConfig,
-    ) -> u64 {
-        let chunk = lookups
-            .iter()
-            .find(|(spec, _)| spec.rule() == Rule::ChunkedLocal)
-            .and_then(|(spec, _)| self.chunk.or(spec.window));
-        let Some((skip, m)) = tier::simple_cpu_suffix(
-            n,
-            local as usize,
-            self.p.hash_block,
-            sched as u32,
-            chunk,
-            cfg.engine,
-            self.hashes.len(),
-        ) else {
+        let skipped = (local / u64::from(self.p.hash_block.max(1))) as usize;
+        if skipped >= self.hashes.len() {
             return 0;
-        };
+        }
+        let max_hit_len = n as i64 - 1 - local as i64;
+        if max_hit_len <= 0 {
+            return 0;
+        }
         let mut cpu = RefRank {
             layout: self.rank.layout.clone(),
             ..RefRank::default()
@@ -372,15 +636,14 @@ impl Ctx<'_> {
         }
         let ctx = Ctx {
             rank: &cpu,
-            hashes: &self.hashes[skip..],
+            hashes: &self.hashes[skipped..],
             p: self.p,
             chunk: self.chunk,
         };
-        let max_len = (m as u64).saturating_sub(u64::from(self.p.lookahead.max(1)));
         if self.p.eagle {
-            ctx.coordinate_eagle(lookups, max_len)
+            ctx.coordinate_eagle(lookups, max_hit_len as u64)
         } else {
-            ctx.coordinate(lookups, max_len)
+            ctx.coordinate(lookups, max_hit_len as u64)
         }
     }
 
@@ -471,7 +734,7 @@ impl Ctx<'_> {
     }
 
     /// HybridKVCacheCoordinator.find_longest_cache_hit with every group an EAGLE group, or
-    /// only the full-attention ones (`Params::eagle_full_only`) (UnitaryKVCacheCoordinator for
+    /// only the full-attention ones (`RefParams::eagle_full_only`) (UnitaryKVCacheCoordinator for
     /// one group).
     fn coordinate_eagle(&self, lookups: &[(GroupSpec, Vec<u32>)], max_len: u64) -> u64 {
         for (spec, _) in lookups {
@@ -481,7 +744,7 @@ impl Ctx<'_> {
         }
         // vLLM groups layers of one spec into one lookup and drops in it when any of its
         // groups is flagged as the drafter's; kvroute takes the drafter's layers to be full
-        // attention when the engine flags them (`Params::eagle_full_only`).
+        // attention when the engine flags them (`RefParams::eagle_full_only`).
         let is_eagle =
             |spec: &GroupSpec| !self.p.eagle_full_only || spec.rule() == Rule::FullAttention;
         if self.p.unitary {

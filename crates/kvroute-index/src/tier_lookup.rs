@@ -123,7 +123,11 @@ fn simple_cpu(
     let holder = |_: &_, g: &u32| HolderRef::Own(sets.get(g).copied().unwrap_or(&empty));
     let suffix = &chain[skip..];
     let chunk_cfg = r.config.lookup.chunk_size;
+    // The connector bounds its hit by `n − 1 − local` (`max_hit_len`), not by the lookahead
+    // reserve: on vLLM 0.33 any connector keeps `L = 0`, and a configuration that says
+    // otherwise is bounded as the connector's code bounds it.
+    let cpu_params = Params { lookahead: 0, ..*p };
     with_lookups(plan, &empty, holder, |lookups| {
-        rules::joint(lookups, suffix, m, p, chunk_cfg, false).cached as usize
+        rules::joint(lookups, suffix, m, &cpu_params, chunk_cfg, false).cached as usize
     })
 }

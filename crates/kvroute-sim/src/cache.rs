@@ -32,8 +32,8 @@ pub struct CacheConfig {
     /// lookahead hashes): every group is an EAGLE group, or with `eagle_full_only` the
     /// full-attention ones.
     pub eagle_drop: bool,
-    /// The engine flags the groups holding the drafter's layers (`Speculative::
-    /// flags_drafter_groups`; full attention for every drafter modeled here): only those
+    /// The engine flags the groups holding the drafter's layers (`vllm_rules::SpecRules::
+    /// drafter_groups_flagged`; full attention for every drafter modeled here): only those
     /// groups' managers and lookups drop and shift their window masks, as vLLM's coordinator
     /// decides the drop per spec group (`SpecGroup.use_eagle`).
     pub eagle_full_only: bool,

@@ -6,7 +6,7 @@
 //! deterministic sampling (or forced output tokens), the simulated clock and the prefix-cache
 //! counters; its arguments, requests and step outcomes are plain data in `types`.
 //! The engine generation (vLLM 0.32 or 0.33) and speculative decoding settings select the
-//! prefix-cache rules (`kvroute_index::Rules`): 0.33 with `L > 0` lookahead tokens hashes each
+//! prefix-cache rules (`vllm_rules::SpecRules`): 0.33 with `L > 0` lookahead tokens hashes each
 //! block with the `L` tokens after it (a block has a hash, and can be stored, only once they
 //! exist) and drops nothing; otherwise EAGLE-style speculation drops the last matched block.
 //! Invariants: one `step()` is one engine step: its events are exactly what vLLM would publish
@@ -103,7 +103,7 @@ impl Engine {
                     .into(),
             ));
         }
-        Tier::check(&cfg, rules.eagle_drop)?;
+        Tier::check(&cfg, rules)?;
         let kv = KvCache::new(
             cfg.spec.clone(),
             params,
@@ -114,11 +114,7 @@ impl Engine {
                 retention: cfg.retention,
                 prefill_checkpoints: cfg.prefill_checkpoints,
                 eagle_drop: rules.eagle_drop,
-                eagle_full_only: rules.eagle_drop
-                    && cfg
-                        .speculative
-                        .as_ref()
-                        .is_some_and(|s| s.flags_drafter_groups(cfg.engine)),
+                eagle_full_only: rules.eagle_drop && rules.drafter_groups_flagged,
             },
             cfg.worker.clone(),
             cfg.dp_rank,

@@ -8,6 +8,7 @@
 //! publisher (`wire`, `publisher`); the OpenAI-compatible HTTP server with metrics and fault
 //! hooks (`http`, `worker`); disaggregated prefill and decode over NixlConnector's protocol
 //! (`disagg`); a CPU tier as either offload connector keeps one (`offload`, `simple_offload`);
+//! the rules it reads from vLLM's sources itself, sharing none with kvroute-index (`vllm_rules`);
 //! and the in-process fleet API (`fleet`). docs/sim.md is the
 //! reference.
 //! Invariants: the simulator's reported hit is the engine's hit computed by vLLM's rules over
@@ -29,6 +30,7 @@ pub mod simple_offload;
 pub mod spec;
 pub mod timing;
 pub mod tokens;
+pub mod vllm_rules;
 pub mod wire;
 pub mod worker;
 pub mod zmtp;

@@ -4,7 +4,7 @@
 //!
 //! Owns: the tier's slots (one per (chunk key, group)), their LRU order, what a request offers
 //! to store as its prefill computes it, the tier's hit for a request (the connector's rule,
-//! `kvroute_index::tier::offload_hit`) and the events the tier publishes: one `BlockStored`
+//! the simulator's own `vllm_rules::offloading_lookup`) and the events the tier publishes: one `BlockStored`
 //! per chunk (`medium = "CPU"`, the group, the key's hash alone, `block_size = 0`, no tokens or
 //! parent) and one `BlockRemoved` per evicted chunk.
 //! Invariants: at most `capacity` slots are held; a store never evicts a key of the same offer;
@@ -20,9 +20,10 @@ use crate::engine::EngineConfig;
 use crate::error::SimError;
 use crate::pool::BlockId;
 use crate::simple_offload::SimpleCpuTier;
-use crate::spec::{GroupKind, ModelSpec};
-use kvroute_index::tier::{offload_hit, OffloadConnector, TierGroup};
-use kvroute_index::{EngineHash, Event, Removed, Rule, Stored, WorkerId};
+use crate::spec::ModelSpec;
+use crate::vllm_rules::{offloading_lookup, ChunkGroup, SpecRules};
+use kvroute_index::tier::OffloadConnector;
+use kvroute_index::{EngineHash, Event, Removed, Stored, WorkerId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The medium the tier's events name.
@@ -33,7 +34,7 @@ type Key = (u64, u32);
 
 pub struct CpuTier {
     capacity: usize,
-    groups: Vec<TierGroup>,
+    groups: Vec<ChunkGroup>,
     /// Key → its recency tick; `lru` orders the ticks.
     held: HashMap<Key, u64>,
     lru: BTreeMap<u64, Key>,
@@ -41,15 +42,6 @@ pub struct CpuTier {
     events: Vec<Event>,
     worker: WorkerId,
     dp_rank: u32,
-}
-
-fn rule_of(kind: GroupKind) -> (Rule, Option<u32>) {
-    match kind {
-        GroupKind::FullAttention => (Rule::FullAttention, None),
-        GroupKind::SlidingWindow { window } => (Rule::SlidingWindow, Some(window)),
-        GroupKind::ChunkedLocal { chunk } => (Rule::ChunkedLocal, Some(chunk)),
-        GroupKind::Mamba => (Rule::Mamba, None),
-    }
 }
 
 impl CpuTier {
@@ -66,10 +58,7 @@ impl CpuTier {
             .groups
             .iter()
             .enumerate()
-            .filter_map(|(i, g)| {
-                let (rule, window) = rule_of(g.kind);
-                TierGroup::new(i as u32, rule, window, g.block_size, 1, hash_block)
-            })
+            .filter_map(|(i, g)| ChunkGroup::new(i as u32, g.kind, g.block_size, 1, hash_block))
             .collect();
         CpuTier {
             capacity,
@@ -100,7 +89,7 @@ impl CpuTier {
         if self.held.is_empty() {
             return 0;
         }
-        offload_hit(n, local, hashes, &self.groups, |g, h| self.contains(g, h))
+        offloading_lookup(n, local, hashes, &self.groups, |g, h| self.contains(g, h))
     }
 
     /// A request's prefill went from `from` to `to` computed tokens of its `prompt_len`-token
@@ -202,18 +191,16 @@ impl Tier {
     /// Refuses what the simulator cannot run: a tier whose connector pops drafter chunks
     /// (EAGLE's drop with drafter groups flagged, beside the `OffloadingConnector`), and a
     /// `SimpleCPUOffloadConnector` without a full-attention group (vLLM asserts one).
-    pub fn check(cfg: &EngineConfig, eagle_drop: bool) -> Result<(), SimError> {
+    pub fn check(cfg: &EngineConfig, rules: SpecRules) -> Result<(), SimError> {
         if cfg.cpu_tier_slots == 0 {
             return Ok(());
         }
-        let flagged = cfg
-            .speculative
-            .as_ref()
-            .is_some_and(|s| s.flags_drafter_groups(cfg.engine));
         match cfg.cpu_tier_connector {
-            OffloadConnector::Offloading if eagle_drop && flagged => Err(SimError::Config(
-                "a CPU tier with EAGLE-style speculation's block drop is not simulated".into(),
-            )),
+            OffloadConnector::Offloading if rules.eagle_drop && rules.drafter_groups_flagged => {
+                Err(SimError::Config(
+                    "a CPU tier with EAGLE-style speculation's block drop is not simulated".into(),
+                ))
+            }
             OffloadConnector::SimpleCpu if !cfg.spec.groups.iter().any(|g| g.kind.is_full()) => {
                 Err(SimError::Config(
                     "the SimpleCPUOffloadConnector needs a full-attention group".into(),

@@ -7,7 +7,8 @@
 //! positional scan of each scheduled request's attention blocks from block 0, which copies a
 //! prefix-cache hit's blocks the tier lost), the tier's hit for
 //! a request (the device coordinator over the CPU pool, on the hashes after the device hit,
-//! at most `n − 1 − local`: `kvroute_index::tier::simple_cpu_suffix` says where it starts),
+//! at most `n − 1 − local`: the simulator's own `vllm_rules::simple_cpu_start` says where it
+//! starts),
 //! and the events the tier publishes: one `BlockStored` per copied key (`medium = "CPU"`, the
 //! device store's group, kind, window, block size, parent and tokens) and one `BlockRemoved`
 //! per evicted key.
@@ -19,7 +20,7 @@
 
 use crate::cache::KvCache;
 use crate::pool::{BlockId, BlockPool};
-use kvroute_index::tier::simple_cpu_suffix;
+use crate::vllm_rules::simple_cpu_start;
 use kvroute_index::{EngineHash, Event, Stored, WorkerId};
 
 /// The medium the tier's events name.
@@ -81,7 +82,7 @@ impl SimpleCpuTier {
             crate::spec::GroupKind::ChunkedLocal { chunk } => Some(chunk),
             _ => None,
         });
-        let Some((skip, m)) = simple_cpu_suffix(
+        let Some((skip, max_hit_len)) = simple_cpu_start(
             n,
             local,
             kv.params.hash_block,
@@ -92,7 +93,7 @@ impl SimpleCpuTier {
         ) else {
             return (0, Vec::new());
         };
-        let hit = kv.find_longest_cache_hit_in(&self.pool, &hashes[skip..], m - 1);
+        let hit = kv.find_longest_cache_hit_in(&self.pool, &hashes[skip..], max_hit_len);
         let blocks = hit
             .blocks
             .map(|per_group| per_group.into_iter().flatten().collect())

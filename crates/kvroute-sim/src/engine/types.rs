@@ -10,9 +10,10 @@
 use crate::error::SimError;
 use crate::spec::ModelSpec;
 use crate::timing::TimeModel;
+use crate::vllm_rules::SpecRules;
 use kvroute_index::hash::{self, HashAlgo};
 use kvroute_index::tier::OffloadConnector;
-use kvroute_index::{Event, Rules, Speculative, WorkerId};
+use kvroute_index::{Event, Speculative, WorkerId};
 
 /// Engine arguments (named after vLLM's where they exist).
 #[derive(Clone, Debug)]
@@ -70,16 +71,11 @@ impl EngineConfig {
     }
 
     /// The prefix-cache rules of this generation and speculative setting: the lookahead count
-    /// `L` (vLLM 0.33's `num_hash_lookahead_tokens`) and whether matches drop the EAGLE block.
-    pub fn rules(&self) -> Rules {
-        match &self.speculative {
-            None => Rules::default(),
-            Some(s) => Rules::of(
-                self.engine,
-                s.drops_eagle_block(self.engine),
-                s.hash_lookahead_tokens(self.engine),
-            ),
-        }
+    /// `L` (vLLM 0.33's `num_hash_lookahead_tokens`), whether matches drop the EAGLE block and
+    /// whether the drafter's groups are flagged (the simulator's own reading of vLLM:
+    /// `vllm_rules`).
+    pub fn rules(&self) -> SpecRules {
+        SpecRules::of(self.engine, self.speculative.as_ref())
     }
 }
 

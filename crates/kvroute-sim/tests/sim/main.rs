@@ -16,4 +16,5 @@ mod index_agreement;
 mod lora;
 mod openai_client;
 mod oracle_agreement;
+mod oracle_tiers;
 mod wire_stream;
