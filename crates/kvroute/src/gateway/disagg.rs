@@ -20,7 +20,7 @@
 //! Must not: choose workers itself (the policy ranks each pool) or rewrite answers.
 
 use super::config::Role;
-use super::decide::Ranked;
+use super::decide::{Decision, Ranked};
 use super::forward::{attach_decision, forward, Booking, Endpoint};
 use super::registry::Worker;
 use super::reply::error;
@@ -107,24 +107,47 @@ fn bytes_of(v: &Value) -> Bytes {
 /// The largest prefill answer read (one token's completion; a bound, not an expectation).
 const MAX_PREFILL_ANSWER: usize = 16 << 20;
 
-/// Runs both legs: `prefill` and `decode` are the policy's rankings of the two pools.
-#[allow(clippy::too_many_arguments)]
-pub async fn serve(
+/// A disaggregated request: where it came, its body, whether it streams, both pools' rankings
+/// and how the decision is reported.
+pub struct Legs<'a> {
+    pub ep: Endpoint,
+    pub req: &'a Value,
+    pub stream: bool,
+    pub prefill: &'a Ranked<'a>,
+    pub decode: &'a Ranked<'a>,
+    pub policy: &'static str,
+    pub explain: bool,
+}
+
+/// Runs both legs: `legs.prefill` and `legs.decode` are the policy's rankings of the two pools.
+pub async fn serve(st: &Arc<AppState>, legs: Legs<'_>) -> Response {
+    let (p_worker, params) = match prefill_leg(st, &legs).await {
+        Ok(done) => done,
+        Err(r) => return r,
+    };
+    let prefill = legs.prefill;
+    note_retry(st, prefill, &p_worker);
+    let mut p_decision = prefill.decision.clone();
+    p_decision.worker = p_worker.spec.name.clone();
+    if let Some(c) = candidate(prefill, &p_worker) {
+        p_decision.predicted_cached = c.predicted_cached;
+        p_decision.predicted_ttft_ms = c.predicted_ttft_ms;
+    }
+    decode_leg(st, &legs, params, p_decision).await
+}
+
+/// The prefill leg on the best prefill worker (once more on the next when it fails before
+/// answering): its worker and the transfer parameters it answered, or the response to give the
+/// client (its own 4xx, or a 502).
+async fn prefill_leg(
     st: &Arc<AppState>,
-    ep: Endpoint,
-    req: &Value,
-    stream: bool,
-    prefill: &Ranked<'_>,
-    decode: &Ranked<'_>,
-    policy: &'static str,
-    explain: bool,
-) -> Response {
-    let p_body = bytes_of(&prefill_body(req));
+    legs: &Legs<'_>,
+) -> Result<(Arc<Worker>, Value), Response> {
+    let p_body = bytes_of(&prefill_body(legs.req));
     let mut last_err = String::new();
-    let mut leg1 = None;
-    for worker in prefill.order.iter().take(2) {
-        let booking = Booking::for_candidate(prefill, worker, true);
-        match forward(st, worker, ep, p_body.clone(), false, booking).await {
+    for worker in legs.prefill.order.iter().take(2) {
+        let booking = Booking::for_candidate(legs.prefill, worker, true);
+        match forward(st, worker, legs.ep, p_body.clone(), false, booking).await {
             Ok(resp) => {
                 let status = resp.status();
                 let body = axum::body::to_bytes(resp.into_body(), MAX_PREFILL_ANSWER).await;
@@ -143,13 +166,10 @@ pub async fn serve(
                         "content-type",
                         axum::http::HeaderValue::from_static("application/json"),
                     );
-                    return r;
+                    return Err(r);
                 }
                 match transfer_params(&body) {
-                    Ok(p) => {
-                        leg1 = Some((worker.clone(), p));
-                        break;
-                    }
+                    Ok(p) => return Ok((worker.clone(), p)),
                     Err(m) => last_err = format!("{}: {m}", worker.spec.name),
                 }
             }
@@ -162,33 +182,36 @@ pub async fn serve(
             }
         }
     }
-    let Some((p_worker, params)) = leg1 else {
-        return error(
-            StatusCode::BAD_GATEWAY,
-            format!("the prefill leg failed: {last_err}"),
-        );
-    };
-    note_retry(st, prefill, &p_worker);
-    let mut p_decision = prefill.decision.clone();
-    p_decision.worker = p_worker.spec.name.clone();
-    if let Some(c) = candidate(prefill, &p_worker) {
-        p_decision.predicted_cached = c.predicted_cached;
-        p_decision.predicted_ttft_ms = c.predicted_ttft_ms;
-    }
+    Err(error(
+        StatusCode::BAD_GATEWAY,
+        format!("the prefill leg failed: {last_err}"),
+    ))
+}
+
+/// The decode leg on the best decode worker (once more on the next when it fails before any
+/// byte), pulling the prefill's KV by `params`; the decision header carries both legs.
+async fn decode_leg(
+    st: &Arc<AppState>,
+    legs: &Legs<'_>,
+    params: Value,
+    p_decision: Decision,
+) -> Response {
+    let decode = legs.decode;
     // The decode worker reports the prefill worker's cached tokens.
     let reported_as = p_decision.predicted_cached;
-    let d_body = bytes_of(&decode_body(req, params));
+    let d_body = bytes_of(&decode_body(legs.req, params));
+    let mut last_err = String::new();
     for worker in decode.order.iter().take(2) {
         let mut booking = Booking::for_candidate(decode, worker, false);
         booking.predicted = reported_as;
-        match forward(st, worker, ep, d_body.clone(), stream, booking).await {
+        match forward(st, worker, legs.ep, d_body.clone(), legs.stream, booking).await {
             Ok(mut resp) => {
                 st.metrics
                     .decisions
-                    .with_label_values(&[policy, &worker.spec.name])
+                    .with_label_values(&[legs.policy, &worker.spec.name])
                     .inc();
                 note_retry(st, decode, worker);
-                if explain {
+                if legs.explain {
                     let mut d = decode.decision.clone();
                     d.worker = worker.spec.name.clone();
                     if let Some(c) = candidate(decode, worker) {

@@ -159,6 +159,35 @@ pub(super) async fn forward(
         guard = guard.with_prompt(prompt, checkpoints);
     }
     let started = Instant::now();
+    let resp = send(st, worker, ep, body).await?;
+    let status = resp.status();
+    let seen = Answered {
+        started,
+        predicted,
+        work,
+    };
+    if !stream || !status.is_success() {
+        return whole_answer(st, worker, resp, guard, seen, first_token_is_whole).await;
+    }
+    Ok(streamed_answer(st, worker, resp, guard, seen))
+}
+
+/// What an answer is checked against and teaches: when it was sent, the cached tokens
+/// predicted, and the TTFT model's inputs and prediction.
+struct Answered {
+    started: Instant,
+    predicted: u64,
+    work: Option<(Work, f64)>,
+}
+
+/// Sends the request to the worker; a refused connection, a timeout, a reset or a 5xx is a
+/// retryable failure of the worker's (nothing reached the client yet).
+async fn send(
+    st: &Arc<AppState>,
+    worker: &Arc<Worker>,
+    ep: Endpoint,
+    body: Bytes,
+) -> Result<reqwest::Response, UpstreamError> {
     let url = format!("{}{}", worker.spec.url.trim_end_matches('/'), ep.path());
     let timeout = Duration::from_secs_f64(st.config().request_timeout_secs.max(0.1));
     let resp = st
@@ -193,42 +222,67 @@ pub(super) async fn forward(
             retryable: true,
         });
     }
+    Ok(resp)
+}
+
+/// A whole (unstreamed, or unsuccessful) answer: read, passed on, and its cached tokens,
+/// answer length and — for a one-token prefill leg — TTFT learned from.
+async fn whole_answer(
+    st: &Arc<AppState>,
+    worker: &Arc<Worker>,
+    resp: reqwest::Response,
+    mut guard: LoadGuard,
+    seen: Answered,
+    first_token_is_whole: bool,
+) -> Result<Response, UpstreamError> {
+    let status = resp.status();
+    let ctype = resp.headers().get("content-type").cloned();
+    let name = worker.spec.name.as_str();
+    let bytes = resp.bytes().await.map_err(|e| {
+        worker_failed(st, worker, Failure::Body);
+        UpstreamError {
+            message: format!("{name}: reading the response: {e}"),
+            retryable: true,
+        }
+    })?;
+    // A whole answer (any status below 500) ends the failure streak.
+    worker.request_answered();
+    guard.prefill_done();
+    st.metrics
+        .proxy_seconds
+        .with_label_values(&[name])
+        .observe(seen.started.elapsed().as_secs_f64());
+    if let (true, true, Some(w)) = (first_token_is_whole, status.is_success(), &seen.work) {
+        observe_ttft(st, worker, w, seen.started.elapsed());
+    }
+    if status.is_success() {
+        if let Some(reported) = reported_cached(&bytes) {
+            record_error(st, name, seen.predicted, reported);
+        }
+        if let Some(n) = completion_tokens(&bytes) {
+            st.registry.output_tokens.observe(n);
+        }
+    }
+    let mut r = Response::new(Body::from(bytes));
+    *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    if let Some(ct) = ctype {
+        r.headers_mut().insert("content-type", ct);
+    }
+    Ok(r)
+}
+
+/// A streamed answer: chunks passed through as they arrive, the guard living as long as the
+/// stream; the first chunk ends the prefill and teaches the TTFT, `[DONE]` the cached tokens and
+/// the decode timing; a stream cut on the way ends with vLLM's error event.
+fn streamed_answer(
+    st: &Arc<AppState>,
+    worker: &Arc<Worker>,
+    resp: reqwest::Response,
+    mut guard: LoadGuard,
+    seen: Answered,
+) -> Response {
     let ctype = resp.headers().get("content-type").cloned();
     let name = worker.spec.name.clone();
-    if !stream || !status.is_success() {
-        let bytes = resp.bytes().await.map_err(|e| {
-            worker_failed(st, worker, Failure::Body);
-            UpstreamError {
-                message: format!("{name}: reading the response: {e}"),
-                retryable: true,
-            }
-        })?;
-        // A whole answer (any status below 500) ends the failure streak.
-        worker.request_answered();
-        guard.prefill_done();
-        st.metrics
-            .proxy_seconds
-            .with_label_values(&[&name])
-            .observe(started.elapsed().as_secs_f64());
-        if let (true, true, Some(w)) = (first_token_is_whole, status.is_success(), &work) {
-            observe_ttft(st, worker, w, started.elapsed());
-        }
-        if status.is_success() {
-            if let Some(reported) = reported_cached(&bytes) {
-                record_error(st, &name, predicted, reported);
-            }
-            if let Some(n) = completion_tokens(&bytes) {
-                st.registry.output_tokens.observe(n);
-            }
-        }
-        let mut r = Response::new(Body::from(bytes));
-        *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-        if let Some(ct) = ctype {
-            r.headers_mut().insert("content-type", ct);
-        }
-        return Ok(r);
-    }
-    // Streaming: pass chunks through as they arrive; the guard lives as long as the stream.
     let st2 = st.clone();
     let worker2 = worker.clone();
     let mut first = true;
@@ -250,13 +304,13 @@ pub(super) async fn forward(
                 worker2.booked_total.load(Ordering::Relaxed),
                 worker2.running().saturating_sub(1),
             );
-            if let (Some(w), Ok(_)) = (&work, &chunk) {
-                observe_ttft(&st2, &worker2, w, started.elapsed());
+            if let (Some(w), Ok(_)) = (&seen.work, &chunk) {
+                observe_ttft(&st2, &worker2, w, seen.started.elapsed());
             }
             st2.metrics
                 .proxy_seconds
                 .with_label_values(&[&name])
-                .observe(started.elapsed().as_secs_f64());
+                .observe(seen.started.elapsed().as_secs_f64());
         }
         if let Ok(c) = &chunk {
             // Keep the last few KiB to read a final usage chunk, if the client asked for one.
@@ -272,7 +326,7 @@ pub(super) async fn forward(
                 // the way does not (however many chunks it sent).
                 worker2.request_answered();
                 if let Some(rep) = last_usage_in_sse(&tail) {
-                    record_error(&st2, &name, predicted, rep);
+                    record_error(&st2, &name, seen.predicted, rep);
                 }
                 decode.finish(&st2, &worker2, last_completion_tokens_in_sse(&tail));
             }
@@ -295,7 +349,7 @@ pub(super) async fn forward(
     if let Some(ct) = ctype {
         r.headers_mut().insert("content-type", ct);
     }
-    Ok(r)
+    r
 }
 
 /// What ends a stream whose upstream failed: the end of any event cut in half, vLLM's

@@ -137,17 +137,16 @@ async fn route(
             .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
     let decided = decide(st, &admitted, explain);
     if let Some(decode) = &decided.decode {
-        return disagg::serve(
-            st,
+        let legs = disagg::Legs {
             ep,
-            &admitted.req,
-            admitted.stream,
-            &decided.ranked,
+            req: &admitted.req,
+            stream: admitted.stream,
+            prefill: &decided.ranked,
             decode,
-            decided.policy.name(),
+            policy: decided.policy.name(),
             explain,
-        )
-        .await;
+        };
+        return disagg::serve(st, legs).await;
     }
     serve(st, ep, &admitted, &decided, explain).await
 }
