@@ -3,7 +3,7 @@
 //! Owns: [`Candidate`] (one worker's figures for one request, reported as the decision's
 //! evidence), the ranking of candidates by cost — for the cache policies the predicted TTFT
 //! plus the switched-on charges `decide` computed beside it, less the junction credit priced at
-//! the worker's prefill rate ([`crate::terms::cost_ms`]; with cost model `tokens`, the tokens
+//! the worker's prefill rate ([`cost_ms`]; with cost model `tokens`, the tokens
 //! `expected_uncached + λ·load − μ·junction`) —, ties broken by load, then by name order rotated by the request counter `rr` (candidates equal
 //! in cost and load take turns, so an idle fleet's cold prompts spread over its workers instead
 //! of all landing on the first name and evicting each other there).
@@ -12,7 +12,6 @@
 //! Must not: look at sockets, clocks or the index: it ranks numbers the caller computed.
 
 use crate::config::{CostModel, PolicyKind, PolicyWeights};
-use crate::terms::cost_ms;
 use crate::work::Work;
 use serde::Serialize;
 
@@ -146,6 +145,37 @@ fn is_zero(x: &u64) -> bool {
 
 fn is_zero_f(x: &f64) -> bool {
     *x == 0.0
+}
+
+/// The `ttft` cost of a candidate: its predicted TTFT plus the charges the weights switch on,
+/// less the junction credit at its prefill rate. Each switch is read once: here for the terms
+/// that are reported whatever the switch says (`later_turns`, `delay_to_others`,
+/// `decode_interference`), in `decide` for those computed only when on (the prefill stall's
+/// variant, `eviction`, `next_arrivals`: 0 otherwise, added here as they are).
+pub fn cost_ms(c: &Candidate, weights: &PolicyWeights) -> f64 {
+    let later = if weights.later_turns {
+        c.later_turns_ms
+    } else {
+        0.0
+    };
+    let others = if weights.delay_to_others {
+        c.delay_to_others_ms
+    } else {
+        0.0
+    };
+    let decode = if weights.decode_interference {
+        c.decode_interference_ms
+    } else {
+        0.0
+    };
+    c.predicted_ttft_ms
+        + later
+        + others
+        + decode
+        + c.prefill_stall_ms
+        + c.eviction_ms
+        + c.next_arrivals_ms
+        - weights.junction * c.junction as f64 * c.ms_per_token
 }
 
 /// Ranks candidates best first. `rr` is the round-robin counter for this request.

@@ -2,7 +2,8 @@
 //! its default and where the measurement behind that default is.
 //!
 //! Owns: every charge and credit the `ttft` cost adds to a candidate's predicted time to first
-//! token, and [`cost_ms`], the one place the `[weights]` switches decide which of them count.
+//! token; their sum, where the `[weights]` switches decide which count, is
+//! [`crate::rank::cost_ms`].
 //! Terms measured: `docs/routing.md` ("The policy") describes each model; the A/B runs behind
 //! the defaults are in `docs/routing-analyses.md`, named per term below.
 //! Invariants: every term is finite and non-negative (a figure that is not a finite number
@@ -10,8 +11,6 @@
 //! unless computing it is the expensive part (`next_arrivals_ms`, `eviction_ms`: 0 when off).
 //! Must not: read clocks, locks or the index: the figures come in the snapshot.
 
-use crate::config::PolicyWeights;
-use crate::rank::Candidate;
 use crate::work::{Fit, Work};
 
 /// The load time of the part of a hit a CPU tier serves (ms): `tier` tokens at
@@ -200,37 +199,6 @@ pub fn eviction_ms(uncached: f64, rate: f64, ms_per_token: f64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// The `ttft` cost of a candidate: its predicted TTFT plus the charges the weights switch on,
-/// less the junction credit at its prefill rate. Each switch is read once: here for the terms
-/// that are reported whatever the switch says (`later_turns`, `delay_to_others`,
-/// `decode_interference`), in `decide` for those computed only when on (the prefill stall's
-/// variant, `eviction`, `next_arrivals`: 0 otherwise, added here as they are).
-pub fn cost_ms(c: &Candidate, weights: &PolicyWeights) -> f64 {
-    let later = if weights.later_turns {
-        c.later_turns_ms
-    } else {
-        0.0
-    };
-    let others = if weights.delay_to_others {
-        c.delay_to_others_ms
-    } else {
-        0.0
-    };
-    let decode = if weights.decode_interference {
-        c.decode_interference_ms
-    } else {
-        0.0
-    };
-    c.predicted_ttft_ms
-        + later
-        + others
-        + decode
-        + c.prefill_stall_ms
-        + c.eviction_ms
-        + c.next_arrivals_ms
-        - weights.junction * c.junction as f64 * c.ms_per_token
 }
 
 fn finite(x: f64) -> f64 {

@@ -43,11 +43,13 @@ struct RequestLine {
     num_cached_tokens: usize,
 }
 
-fn root() -> PathBuf {
+/// The oracle fixtures (shared with `oracle_tiers`).
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/oracle/fixtures")
 }
 
-fn read_gz_lines<T: for<'de> Deserialize<'de>>(p: &Path) -> Vec<T> {
+/// A gzipped JSON-lines file, one `T` a line (shared with `oracle_tiers`).
+pub(crate) fn read_gz_lines<T: for<'de> Deserialize<'de>>(p: &Path) -> Vec<T> {
     let f = std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     std::io::BufReader::new(flate2::read::GzDecoder::new(f))
         .lines()

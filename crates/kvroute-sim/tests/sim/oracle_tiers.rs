@@ -9,13 +9,13 @@
 //! derived for each fixture.
 
 use crate::common::corpus;
+use crate::oracle_agreement::{read_gz_lines, root};
 use kvroute_index::hash::BlockExtras;
 use kvroute_index::{Event, HashAlgo};
 use kvroute_sim::spec::GroupKind;
 use kvroute_sim::vllm_rules::{offloading_lookup, ChunkGroup};
 use serde::Deserialize;
 use std::collections::HashSet;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 #[derive(Deserialize)]
@@ -30,20 +30,6 @@ struct RequestLine {
     after_frame: usize,
     prompt_token_ids: Vec<u32>,
     get_num_new_matched_tokens: Vec<(usize, Option<usize>)>,
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/oracle/fixtures")
-}
-
-fn lines<T: for<'de> Deserialize<'de>>(p: &Path) -> Vec<T> {
-    let f = std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    std::io::BufReader::new(flate2::read::GzDecoder::new(f))
-        .lines()
-        .map(|l| l.unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(&l).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        .collect()
 }
 
 /// Checks one fixture; returns (lookups compared, of them those that loaded something,
@@ -81,8 +67,8 @@ fn check(dir: &Path) -> (usize, usize, Vec<String>) {
         .collect();
     let algo: HashAlgo = meta["hash_algo"].as_str().unwrap().parse().unwrap();
     let seed = meta["none_hash_seed"].as_str().unwrap().to_string();
-    let frames: Vec<Frame> = lines(&dir.join("frames.jsonl.gz"));
-    let requests: Vec<RequestLine> = lines(&dir.join("requests.jsonl.gz"));
+    let frames: Vec<Frame> = read_gz_lines(&dir.join("frames.jsonl.gz"));
+    let requests: Vec<RequestLine> = read_gz_lines(&dir.join("requests.jsonl.gz"));
     let mut held: HashSet<(u32, u64)> = HashSet::new();
     let mut applied = 0;
     let mut compared = 0;
