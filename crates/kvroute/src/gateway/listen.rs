@@ -1,7 +1,10 @@
 //! The listeners: accepting TCP connections and serving HTTP/1.1 on them with the bounds a
 //! front door needs.
 //!
-//! Owns: the accept loop and each connection's limits: the time a client may take to send a
+//! Owns: the accept loop, the TLS handshake on a listener configured with it (the settings
+//! its [`Slot`] holds when the connection is accepted; the handshake must finish within the
+//! head timeout, and a failed one is counted and closes only that connection), and each
+//! connection's limits: the time a client may take to send a
 //! request's head (slow or silent clients, idle keep-alive connections, are closed after it),
 //! the head's size (beyond it: 431), and the number of connections open at once (beyond it a
 //! new connection is closed at accept, counted); and the graceful drain (stop accepting, let
@@ -12,6 +15,7 @@
 //! Must not: look inside requests (the router does).
 
 pub use super::metrics::ListenerCounts as Counts;
+use super::tls::Slot;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -35,9 +39,10 @@ pub struct Limits {
     pub max_header_bytes: usize,
 }
 
-/// Serves `router` on `listener` until `stop`, then drains.
+/// Serves `router` on `listener` (over TLS when `tls` is given) until `stop`, then drains.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<Slot>>,
     router: Router,
     limits: Limits,
     counts: Counts,
@@ -83,16 +88,44 @@ pub async fn serve(
         };
         let _ = io.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let conn = builder.serve_connection(TokioIo::new(io), service);
-        let conn = graceful.watch(conn);
+        let watcher = graceful.watcher();
+        let builder = builder.clone();
         let open = counts.open.clone();
         open.inc();
-        tokio::spawn(async move {
-            // A client's broken connection ends only its own task.
-            let _ = conn.await;
-            open.dec();
-            drop(permit);
-        });
+        match &tls {
+            None => {
+                let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), service));
+                tokio::spawn(async move {
+                    // A client's broken connection ends only its own task.
+                    let _ = conn.await;
+                    open.dec();
+                    drop(permit);
+                });
+            }
+            Some(slot) => {
+                let acceptor = slot.acceptor();
+                let failures = counts.tls_handshake_failures.clone();
+                let handshake_timeout = limits.header_timeout;
+                tokio::spawn(async move {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await {
+                        Ok(Ok(io)) => {
+                            let conn = builder.serve_connection(TokioIo::new(io), service);
+                            let _ = watcher.watch(conn).await;
+                        }
+                        Ok(Err(e)) => {
+                            failures.inc();
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            failures.inc();
+                            tracing::debug!("TLS handshake timed out");
+                        }
+                    }
+                    open.dec();
+                    drop(permit);
+                });
+            }
+        }
     }
     drop(listener);
     graceful.shutdown().await;

@@ -61,6 +61,7 @@ pub struct Metrics {
     connections_open: IntGaugeVec,
     connections_refused: IntCounterVec,
     accept_errors: IntCounterVec,
+    tls_handshake_failures: IntCounterVec,
     /// The front door: admitted, rejected, tokens charged and in flight, per tenant.
     pub tenants: TenantMetrics,
     /// Discovery refreshes (one DNS resolution or directory scan) by kind and result.
@@ -153,6 +154,8 @@ pub struct ListenerCounts {
     pub open: IntGauge,
     pub refused: IntCounter,
     pub accept_errors: IntCounter,
+    /// TLS handshakes that failed or timed out (bad certificates, plain HTTP on a TLS port).
+    pub tls_handshake_failures: IntCounter,
 }
 
 impl Metrics {
@@ -347,6 +350,14 @@ impl Metrics {
         must(registry.register(Box::new(connections_open.clone())));
         must(registry.register(Box::new(connections_refused.clone())));
         must(registry.register(Box::new(accept_errors.clone())));
+        let tls_handshake_failures = must(IntCounterVec::new(
+            Opts::new(
+                "kvroute_tls_handshake_failures_total",
+                "TLS handshakes that failed or timed out (a refused or missing client certificate, a client speaking plain HTTP), by listener",
+            ),
+            &["listener"],
+        ));
+        must(registry.register(Box::new(tls_handshake_failures.clone())));
         let discovery_resolutions = must(IntCounterVec::new(
             Opts::new(
                 "kvroute_discovery_resolutions_total",
@@ -442,6 +453,7 @@ impl Metrics {
             connections_open,
             connections_refused,
             accept_errors,
+            tls_handshake_failures,
             tenants,
             discovery_resolutions,
             discovered_workers,
@@ -476,6 +488,7 @@ impl Metrics {
             open: self.connections_open.with_label_values(&[name]),
             refused: self.connections_refused.with_label_values(&[name]),
             accept_errors: self.accept_errors.with_label_values(&[name]),
+            tls_handshake_failures: self.tls_handshake_failures.with_label_values(&[name]),
         }
     }
 

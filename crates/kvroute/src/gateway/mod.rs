@@ -1,7 +1,7 @@
 //! The gateway: an OpenAI-compatible router in front of a fleet of engines.
 //!
 //! Its modules import one way, checked by `tools/modcycles.py` in CI:
-//! - the front door: the listeners ([`listen`]), the request's parse and validation
+//! - the front door: the listeners ([`listen`], their TLS [`tls`]), the request's parse and validation
 //!   ([`request`], [`tokenize`]), the tenants ([`tenants`]), the proxy handler ([`proxy`],
 //!   [`forward`], [`disagg`], the error bodies [`reply`]), reading answers ([`answer`]), the
 //!   admin API ([`admin`]), the probes ([`probes`]), reloads ([`reload`]), the shared state
@@ -46,6 +46,7 @@ pub mod sessions;
 pub mod snapshot;
 pub mod state;
 pub mod tenants;
+pub mod tls;
 pub mod tokenize;
 pub mod ttft;
 

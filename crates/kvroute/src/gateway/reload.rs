@@ -2,14 +2,15 @@
 //! read again and applied without dropping connections or index state (but for the eviction
 //! charge's figures, which start afresh when `weights.eviction` changes).
 //!
-//! Owns: reading the file again (where it came from, [`ConfigSource`]: the file and the
+//! Owns: reading the file again (and the listeners' certificate files, swapped in for their
+//! next connections) (where it came from, [`ConfigSource`]: the file and the
 //! command-line flags laid over it, and the [`Reloader`] that keeps one reload at a time are
 //! the shared state's, [`super::state`], re-exported here), the check of the new configuration
 //! as a whole, and [`apply_reload`], the one place where every live section is applied.
 //! Invariants: a configuration that does not read or validate is rejected whole with the
 //! reason, and nothing of it is applied; settings that need a restart (the listen addresses,
 //! the digest cache, the health and load-poll intervals, the listeners' connection limits, the
-//! snapshot path and interval) keep their running values and are
+//! snapshot path and interval, the engines' CA bundle, TLS turned on or off on a listener) keep their running values and are
 //! reported; after a reload the policy is the file's (flags still override it), also when the
 //! admin API had switched it; workers keep their index state unless their spec changed.
 //! Must not: restart listeners or touch connections.
@@ -46,6 +47,10 @@ pub struct ReloadReport {
     pub restart_required: Vec<&'static str>,
     /// The configured workers' changes.
     pub workers: FleetChanges,
+    /// Listeners whose TLS certificate, key and client CA were read again (`tls`,
+    /// `admin_tls`): their next connections use them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tls_reloaded: Vec<&'static str>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -127,8 +132,27 @@ pub async fn reload_with(
         max_connections,
         max_header_bytes,
         snapshot_path,
-        snapshot_interval_secs
+        snapshot_interval_secs,
+        engine_ca_file
     );
+    // Turning TLS on or off changes the listener: a restart. Its files are read again below.
+    for (name, kept) in [
+        ("tls", new.tls.is_some() != old.tls.is_some()),
+        (
+            "admin_tls",
+            new.admin_tls.is_some() != old.admin_tls.is_some(),
+        ),
+    ] {
+        if kept {
+            report.restart_required.push(name);
+        }
+    }
+    if new.tls.is_some() != old.tls.is_some() {
+        new.tls = old.tls.clone();
+    }
+    if new.admin_tls.is_some() != old.admin_tls.is_some() {
+        new.admin_tls = old.admin_tls.clone();
+    }
     if let Err(reason) = new.validate() {
         let e = ReloadError::Invalid {
             path: "the new configuration".into(),
@@ -137,6 +161,18 @@ pub async fn reload_with(
         rejected(state, &e);
         return Err(e);
     }
+    // The certificates and keys, read again (rotated on disk, say), not yet in use.
+    let tls = match state.tls.prepare(&new) {
+        Ok(t) => t,
+        Err(reason) => {
+            let e = ReloadError::Invalid {
+                path: "the new configuration".into(),
+                reason,
+            };
+            rejected(state, &e);
+            return Err(e);
+        }
+    };
     // The one part that can still fail (key files are read again): before anything changes.
     if let Err(e) = state.tenants.replace(&new.tenants) {
         let e = ReloadError::Invalid {
@@ -147,6 +183,7 @@ pub async fn reload_with(
         return Err(e);
     }
     apply_reload(state, &old, new, &mut report).await;
+    report.tls_reloaded = tls.commit();
     state
         .metrics
         .config_reloads
@@ -194,7 +231,9 @@ pub async fn apply_reload(
         workers,
         body_timeout_secs,
         shutdown_timeout_secs,
-        tenants
+        tenants,
+        tls,
+        admin_tls
     );
     let policy = new.policy;
     let workers = new.workers.clone();

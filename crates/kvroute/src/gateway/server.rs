@@ -1,6 +1,6 @@
 //! Starting and stopping the gateway: the two routers (front and admin) and the server.
 //!
-//! Owns: `Gateway::start` (the configuration validated, the shared [`AppState`] built, a
+//! Owns: `Gateway::start` (the configuration validated, the TLS files read, the shared [`AppState`] built, a
 //! snapshot loaded before the workers are added, both listeners bound, the background tasks
 //! started: health checks, load polls, discovery, periodic snapshots), which handler serves
 //! which route ([`front_router`], [`admin_router`]), and `GatewayHandle::shutdown` (graceful,
@@ -14,7 +14,7 @@ use super::registry::Registry;
 use super::state::{AppState, Reloader};
 use super::{
     admin, discovery, engine_poll, fleet, health, listen, metrics, probes, proxy, snapshot,
-    tenants, tokenize,
+    tenants, tls, tokenize,
 };
 use axum::routing::{delete, get, post, put};
 use axum::Router;
@@ -116,13 +116,20 @@ impl Gateway {
         // The eviction figures cost every removal a little: kept only for the charge.
         index.set_eviction_tracking(config.weights.eviction);
         let registry = Arc::new(Registry::new(index));
-        let client = reqwest::Client::builder()
+        let listeners_tls = tls::Listeners::load(&config).map_err(anyhow::Error::msg)?;
+        let mut client = reqwest::Client::builder()
+            .use_rustls_tls()
             .timeout(Duration::from_secs_f64(
                 config.request_timeout_secs.max(0.1),
             ))
             .connect_timeout(Duration::from_secs(3))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build()?;
+            .pool_idle_timeout(Duration::from_secs(30));
+        if let Some(ca) = &config.engine_ca_file {
+            for cert in tls::engine_roots(ca).map_err(anyhow::Error::msg)? {
+                client = client.add_root_certificate(cert);
+            }
+        }
+        let client = client.build()?;
         let metrics = metrics::Metrics::new();
         let tenants = tenants::Tenants::new(&config.tenants, metrics.tenants.clone())?;
         let state = Arc::new(AppState {
@@ -131,6 +138,7 @@ impl Gateway {
             tenants,
             tokenizers: tokenize::Tokenizers::default(),
             client: client.clone(),
+            tls: listeners_tls,
             policy: RwLock::new(config.policy),
             rr: AtomicU64::new(0),
             snapshot: parking_lot::Mutex::new(snapshot::Status {
@@ -176,13 +184,24 @@ impl Gateway {
             max_connections: config.max_connections,
             max_header_bytes: config.max_header_bytes,
         };
-        for (name, listener, router) in [
-            ("front", front, front_router(state.clone())),
-            ("admin", admin, admin_router(state.clone())),
+        for (name, listener, tls, router) in [
+            (
+                "front",
+                front,
+                state.tls.front.clone(),
+                front_router(state.clone()),
+            ),
+            (
+                "admin",
+                admin,
+                state.tls.admin.clone(),
+                admin_router(state.clone()),
+            ),
         ] {
             let counts = state.metrics.listener(name);
             servers.push(tokio::spawn(listen::serve(
                 listener,
+                tls,
                 router,
                 limits.clone(),
                 counts,

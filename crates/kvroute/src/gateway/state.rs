@@ -1,7 +1,7 @@
 //! The gateway's shared state: what every handler reads, behind one `Arc`.
 //!
 //! Owns: `AppState` (the live configuration behind `config()`, swapped whole by a reload; the
-//! registry, metrics, tokenizers, HTTP client, live policy, round-robin counter, tenants, the
+//! registry, metrics, tokenizers, HTTP client, the listeners' TLS, live policy, round-robin counter, tenants, the
 //! fleet reconciler, snapshot status and unclaimed snapshot entries, the start time), writing a
 //! snapshot of it, and where the configuration came from for reloads ([`Reloader`],
 //! [`ConfigSource`]). It gives the fleet state what it needs through
@@ -14,7 +14,7 @@
 use super::config::file::GatewayConfig;
 use super::fleet::{Fleet, FleetHost};
 use super::registry::Registry;
-use super::{metrics, snapshot, tenants, tokenize};
+use super::{metrics, snapshot, tenants, tls, tokenize};
 use kvroute_route::PolicyKind;
 use parking_lot::RwLock;
 use std::path::PathBuf;
@@ -29,6 +29,8 @@ pub struct AppState {
     pub metrics: metrics::Metrics,
     pub tokenizers: tokenize::Tokenizers,
     pub client: reqwest::Client,
+    /// The listeners' TLS settings (re-read by a reload).
+    pub tls: tls::Listeners,
     pub policy: RwLock<PolicyKind>,
     pub rr: AtomicU64,
     /// What the start loaded and the last snapshot written.

@@ -3,7 +3,7 @@
 //! Owns: `GatewayConfig` (listen addresses, policy and weights — the `[weights]` section is
 //! [`PolicyWeights`] —, limits, admin token, snapshot and shutdown settings, the front door's
 //! tenants ([`super::tenants::TenantSpec`]), the drain timeout, the `[discovery]` section
-//! ([`super::discovery::DiscoveryConfig`]) and the `workers` ([`WorkerSpec`])), its defaults,
+//! ([`super::discovery::DiscoveryConfig`]), the TLS sections ([`ListenerTls`]) and the `workers` ([`WorkerSpec`])), its defaults,
 //! and its validation as a whole, naming the offending field.
 //! Invariants: it is plain data; its one import beyond the configuration is the routing core's
 //! [`PolicyKind`]. That is why it is a module of its own, and one `config` does not re-export:
@@ -13,6 +13,7 @@
 
 use super::discovery::DiscoveryConfig;
 use super::tenants::{self, TenantSpec};
+use super::tls::ListenerTls;
 use super::{PolicyWeights, Secret, WorkerSpec};
 use kvroute_route::PolicyKind;
 use serde::{Deserialize, Serialize};
@@ -95,6 +96,16 @@ pub struct GatewayConfig {
     /// ([`super::discovery`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<DiscoveryConfig>,
+    /// TLS on the front listener (`[tls]`); none: plain HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ListenerTls>,
+    /// TLS on the admin listener (`[admin_tls]`), with client certificates when
+    /// `client_ca_file` is set; none: plain HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_tls: Option<ListenerTls>,
+    /// PEM CA bundle trusted for `https://` engine URLs, beside the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_ca_file: Option<PathBuf>,
 }
 
 fn default_client_timeout() -> f64 {
@@ -164,6 +175,9 @@ impl Default for GatewayConfig {
             tenants: Vec::new(),
             worker_drain_timeout_secs: default_drain(),
             discovery: None,
+            tls: None,
+            admin_tls: None,
+            engine_ca_file: None,
         }
     }
 }
@@ -236,6 +250,19 @@ impl GatewayConfig {
         let drain = self.worker_drain_timeout_secs;
         if !(drain.is_finite() && (0.0..=86_400.0).contains(&drain)) {
             return Err("worker_drain_timeout_secs must be between 0 and 86400 seconds".into());
+        }
+        if let Some(t) = &self.tls {
+            t.validate("tls")?;
+        }
+        if let Some(t) = &self.admin_tls {
+            t.validate("admin_tls")?;
+        }
+        if self
+            .engine_ca_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err("engine_ca_file is empty".into());
         }
         if let Some(d) = &self.discovery {
             d.validate().map_err(|e| format!("discovery: {e}"))?;
