@@ -157,6 +157,22 @@ impl TestPublisher {
         seq
     }
 
+    /// Sends the last published batch again under its own sequence number (what a PUB that
+    /// had no subscriber yet dropped); a subscriber that had it drops the copy as a duplicate.
+    pub async fn resend_last(&mut self) {
+        let (topic, last) = {
+            let s = self.state.lock().expect("state");
+            (s.topic.clone(), s.buffer.back().cloned())
+        };
+        let Some((seq, payload)) = last else {
+            return;
+        };
+        self.socket
+            .send(msg(vec![topic, seq.to_be_bytes().to_vec(), payload]))
+            .await
+            .expect("resend");
+    }
+
     /// Buffers a batch without sending it live (what a high-water-mark drop looks like).
     pub fn publish_unseen(&self, payload: &[u8]) -> u64 {
         self.record(payload)

@@ -301,10 +301,31 @@ async fn an_engine_that_connects_is_bound_for_by_the_subscriber() {
     let cfg = SubscriptionConfig::new("w0", 0, &format!("tcp://127.0.0.1:{port}"), "ignored");
     let mut s = subscribe(cfg).await;
     let mut p = TestPublisher::connecting(&format!("tcp://127.0.0.1:{port}")).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A PUB drops what it sends before the subscriber's subscription reaches it: the first
+    // batch is sent again (same sequence number) until the subscriber has it.
     p.publish(&store(0)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(T);
+    loop {
+        let got = tokio::time::timeout(Duration::from_millis(100), s.rx.recv()).await;
+        match got {
+            Ok(Some(SinkMessage::Events(e))) => s.got.events.extend(e),
+            Ok(Some(SinkMessage::Health { health, .. })) => s.got.health.push(health),
+            Ok(None) => panic!("sink closed before the first batch arrived"),
+            Err(_) => {}
+        }
+        if s.got.trace().contains(&"0".to_string()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the subscriber never received the first batch; got {:?}",
+            s.got.trace()
+        );
+        p.resend_last().await;
+    }
     p.publish(&store(1)).await;
     s.wait_trace(&["C", "0", "1"]).await;
+    assert_eq!(s.stats.snapshot().gaps, 0, "no batch went missing");
     s.handle.stop().await;
 }
 
