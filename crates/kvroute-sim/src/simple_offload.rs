@@ -101,6 +101,14 @@ impl SimpleCpuTier {
         (hit.tokens, blocks)
     }
 
+    /// Holds `hash` of `group` as a copy would, without an event: a tier rebuilt from another
+    /// engine's `medium = "CPU"` stores (the oracle checks). False when held already or full.
+    pub fn hold(&mut self, hash: u64, group: u32) -> bool {
+        let stored = self.pool.store_copy((hash, group));
+        self.pool.take_events();
+        stored
+    }
+
     /// A hit was loaded: its blocks become the most recent.
     pub fn loaded(&mut self, blocks: &[BlockId]) {
         self.pool.touch(blocks);

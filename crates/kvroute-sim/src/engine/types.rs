@@ -75,7 +75,16 @@ impl EngineConfig {
     /// whether the drafter's groups are flagged (the simulator's own reading of vLLM:
     /// `vllm_rules`).
     pub fn rules(&self) -> SpecRules {
-        SpecRules::of(self.engine, self.speculative.as_ref())
+        match (&self.speculative, self.cpu_tier_slots > 0) {
+            // vLLM hashes no lookahead token beside a KV connector (its
+            // `num_hash_lookahead_tokens` is 0 then): 0.33 falls back to the block drop.
+            (Some(s), true) => {
+                let mut s = s.clone();
+                s.disable_lookahead_block_hashes = true;
+                SpecRules::of(self.engine, Some(&s))
+            }
+            (s, _) => SpecRules::of(self.engine, s.as_ref()),
+        }
     }
 }
 

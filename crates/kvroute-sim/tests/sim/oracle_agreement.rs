@@ -7,6 +7,7 @@
 //! Covers the fixtures without a KV connector: the simulator's CPU tier counts slots, not
 //! vLLM's bytes, so a connector fixture's tier cannot be sized alike.
 
+use kvroute_index::tier::OffloadConnector;
 use kvroute_index::{Engine as Generation, Speculative};
 use kvroute_sim::spec::{GroupKind, GroupSpec};
 use kvroute_sim::{Engine, EngineConfig, NewRequest};
@@ -98,6 +99,25 @@ fn config(meta: &Meta) -> EngineConfig {
         .filter(|v| !v.is_null())
         .map(|v| serde_json::from_value::<Speculative>(v.clone()).unwrap());
     cfg
+}
+
+/// The simulator's engine core configured as fixture `dir`'s vLLM was (its groups, pool,
+/// model length, generation, speculative configuration; shared with `oracle_tiers`).
+pub(crate) fn fixture_engine(dir: &Path) -> Engine {
+    let meta: Meta = serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut cfg = config(&meta);
+    let connector = &meta.engine_args["kv_transfer_config"]["kv_connector"];
+    cfg.cpu_tier_connector = match connector.as_str() {
+        Some("SimpleCPUOffloadConnector") => OffloadConnector::SimpleCpu,
+        Some("OffloadingConnector") => OffloadConnector::Offloading,
+        Some(other) => panic!("{}: no simulator connector for {other}", dir.display()),
+        None => return Engine::new(cfg).unwrap_or_else(|e| panic!("{}: {e}", dir.display())),
+    };
+    // The tier's size does not enter a lookup (the checks fill their own); its presence sets
+    // the rules a connector implies.
+    cfg.cpu_tier_slots = 1;
+    Engine::new(cfg).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Replays one fixture; returns (requests, hit mismatches).

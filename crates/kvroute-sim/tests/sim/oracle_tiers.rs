@@ -9,9 +9,10 @@
 //! derived for each fixture.
 
 use crate::common::corpus;
-use crate::oracle_agreement::{read_gz_lines, root};
+use crate::oracle_agreement::{fixture_engine, read_gz_lines, root};
 use kvroute_index::hash::BlockExtras;
 use kvroute_index::{Event, HashAlgo};
+use kvroute_sim::simple_offload::SimpleCpuTier;
 use kvroute_sim::spec::GroupKind;
 use kvroute_sim::vllm_rules::{offloading_lookup, ChunkGroup};
 use serde::Deserialize;
@@ -30,6 +31,41 @@ struct RequestLine {
     after_frame: usize,
     prompt_token_ids: Vec<u32>,
     get_num_new_matched_tokens: Vec<(usize, Option<usize>)>,
+}
+
+/// Applies the CPU tier's events (`medium = "CPU"`) of `frames` to `held` (group, hash).
+fn apply_cpu_events(frames: &[Frame], held: &mut HashSet<(u32, u64)>) {
+    for f in frames {
+        for e in corpus::decode_frame(&f.worker, &f.frames).events {
+            match e {
+                Event::Stored(s) if s.medium.as_deref() == Some("CPU") => {
+                    for h in &s.hashes {
+                        held.insert((s.group.unwrap_or(0), h.value.0));
+                    }
+                }
+                Event::Removed(rm) if rm.medium.as_deref() == Some("CPU") => {
+                    for h in &rm.hashes {
+                        held.remove(&(rm.group.unwrap_or(0), h.value.0));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The block-hash chain of `tokens` (hashes of `hash_block` tokens).
+fn chain_of(algo: HashAlgo, seed: &str, hash_block: u32, tokens: &[u32]) -> Vec<u64> {
+    kvroute_index::index::block_hashes(
+        algo,
+        seed,
+        hash_block as usize,
+        tokens,
+        &BlockExtras::default(),
+    )
+    .into_iter()
+    .map(|(_, v, _)| v)
+    .collect()
 }
 
 /// Checks one fixture; returns (lookups compared, of them those that loaded something,
@@ -75,34 +111,12 @@ fn check(dir: &Path) -> (usize, usize, Vec<String>) {
     let mut loaded = 0;
     let mut errors = Vec::new();
     for r in &requests {
-        for f in &frames[applied..r.after_frame] {
-            for e in corpus::decode_frame(&f.worker, &f.frames).events {
-                match e {
-                    Event::Stored(s) if s.medium.as_deref() == Some("CPU") => {
-                        for h in &s.hashes {
-                            held.insert((s.group.unwrap_or(0), h.value.0));
-                        }
-                    }
-                    Event::Removed(rm) if rm.medium.as_deref() == Some("CPU") => {
-                        for h in &rm.hashes {
-                            held.remove(&(rm.group.unwrap_or(0), h.value.0));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
+        apply_cpu_events(
+            &frames[applied.min(r.after_frame)..r.after_frame],
+            &mut held,
+        );
         applied = applied.max(r.after_frame);
-        let chain: Vec<u64> = kvroute_index::index::block_hashes(
-            algo,
-            &seed,
-            hash_block as usize,
-            &r.prompt_token_ids,
-            &BlockExtras::default(),
-        )
-        .into_iter()
-        .map(|(_, v, _)| v)
-        .collect();
+        let chain = chain_of(algo, &seed, hash_block, &r.prompt_token_ids);
         let n = r.prompt_token_ids.len();
         for (local, vllm) in &r.get_num_new_matched_tokens {
             let Some(vllm) = vllm else { continue };
@@ -187,4 +201,87 @@ fn the_simulator_s_lookahead_count_is_the_one_vllm_derived_for_every_oracle_fixt
         checked += 1;
     }
     assert!(checked >= 20, "fixtures checked: {checked}");
+}
+
+/// Checks one `SimpleCPUOffloadConnector` fixture: before each request the simulator's tier
+/// holds what vLLM's connector reported holding (its CPU events up to then), and its own hit
+/// (`SimpleCpuTier::hit`: `vllm_rules::simple_cpu_start` and the device coordinator over the
+/// tier) must be the tokens vLLM's connector matched from every device hit it was handed.
+/// Returns (lookups compared, of them those that loaded something, mismatches).
+fn check_simple_cpu(dir: &Path) -> (usize, usize, Vec<String>) {
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
+    let hash_block = meta["oracle"]["hash_block_size"].as_u64().unwrap() as u32;
+    let algo: HashAlgo = meta["hash_algo"].as_str().unwrap().parse().unwrap();
+    let seed = meta["none_hash_seed"].as_str().unwrap().to_string();
+    let engine = fixture_engine(dir);
+    let frames: Vec<Frame> = read_gz_lines(&dir.join("frames.jsonl.gz"));
+    let requests: Vec<RequestLine> = read_gz_lines(&dir.join("requests.jsonl.gz"));
+    let mut held: HashSet<(u32, u64)> = HashSet::new();
+    let (mut applied, mut compared, mut loaded, mut errors) = (0, 0, 0, Vec::new());
+    for r in &requests {
+        apply_cpu_events(
+            &frames[applied.min(r.after_frame)..r.after_frame],
+            &mut held,
+        );
+        applied = applied.max(r.after_frame);
+        let mut tier = SimpleCpuTier::new(
+            held.len() as u32 + 1,
+            &engine.kv,
+            engine.cfg.engine,
+            kvroute_index::WorkerId::from("oracle"),
+            0,
+        );
+        for &(group, hash) in &held {
+            assert!(tier.hold(hash, group), "{name}: the tier took every key");
+        }
+        let chain = chain_of(algo, &seed, hash_block, &r.prompt_token_ids);
+        let n = r.prompt_token_ids.len();
+        for (local, vllm) in &r.get_num_new_matched_tokens {
+            let Some(vllm) = vllm else { continue };
+            compared += 1;
+            loaded += usize::from(*vllm > 0);
+            let (sim, _) = tier.hit(&engine.kv, n, *local, &chain);
+            if sim != *vllm {
+                errors.push(format!(
+                    "{name} {}: from {local} the simulator's tier serves {sim}, vLLM's connector {vllm}",
+                    r.id
+                ));
+            }
+        }
+    }
+    (compared, loaded, errors)
+}
+
+#[test]
+fn the_simulator_s_simple_cpu_tier_serves_what_vllm_s_simple_connector_matched_on_every_oracle_lookup(
+) {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.join("meta.json").exists())
+        .collect();
+    dirs.sort();
+    let (mut fixtures, mut compared, mut loaded, mut errors) = (0, 0, 0, Vec::new());
+    for d in &dirs {
+        let meta = std::fs::read_to_string(d.join("meta.json")).unwrap();
+        if !meta.contains("\"SimpleCPUOffloadConnector\"") {
+            continue;
+        }
+        let (n, l, e) = check_simple_cpu(d);
+        fixtures += 1;
+        compared += n;
+        loaded += l;
+        errors.extend(e);
+    }
+    eprintln!("simple CPU: {fixtures} fixtures, {compared} lookups, {loaded} loaded");
+    assert!(fixtures >= 6, "fixtures checked: {fixtures}");
+    assert!(compared > 100, "lookups compared: {compared}");
+    assert!(
+        loaded > 20,
+        "lookups that loaded from the tier: {loaded} of {compared}"
+    );
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
 }
