@@ -210,6 +210,14 @@ struct ServeArgs {
     admin_listen: Option<std::net::SocketAddr>,
     #[arg(long, env = "KVROUTE_ADMIN_TOKEN")]
     admin_token: Option<String>,
+    /// Another replica of this gateway in front of the same fleet, by its admin URL
+    /// (`http://host:port`; repeat for each): this replica announces the requests it has in
+    /// flight to them, and counts theirs (`[peers]` in the configuration).
+    #[arg(long = "peer")]
+    peers: Vec<String>,
+    /// This replica's name in what it announces (default: $HOSTNAME, else a random one).
+    #[arg(long)]
+    replica_name: Option<String>,
     /// hybrid-aware | group-blind | round-robin | least-load
     #[arg(long)]
     policy: Option<PolicyKind>,
@@ -395,6 +403,12 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if a.admin_token.is_some() {
         cfg.admin_token = a.admin_token.clone().map(Into::into);
+    }
+    if !a.peers.is_empty() {
+        cfg.peers.urls = a.peers.clone();
+    }
+    if a.replica_name.is_some() {
+        cfg.peers.name = a.replica_name.clone();
     }
     if let Some(p) = a.policy {
         cfg.policy = p;

@@ -1,6 +1,7 @@
 //! The admin API: list, add, remove and drain workers; switch the policy; reload the
 //! configuration file; explain a request; list the tenants (names, limits and requests in
-//! flight; never their keys); the snapshot's state, and writing one now.
+//! flight; never their keys); the snapshot's state, and writing one now; the replicas'
+//! booking channel (`/admin/peers`, and the batches peers post to `/admin/peers/bookings`).
 //!
 //! Owns: `/admin/*` on the admin listener (loopback unless configured), behind a bearer token
 //! when one is configured. Adding a worker starts its event subscriptions; removing it drops
@@ -226,4 +227,31 @@ pub async fn snapshot_now(State(st): State<Arc<AppState>>) -> Response {
         Some(Ok(w)) => Json(w).into_response(),
         Some(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
+}
+
+/// `GET /admin/peers`: this replica's name, its peers, its open bookings and the other
+/// replicas heard from.
+pub async fn peers(State(st): State<Arc<AppState>>) -> Response {
+    Json(st.peers.view(std::time::Instant::now())).into_response()
+}
+
+/// `POST /admin/peers/bookings`: a batch another replica announces ([`super::peers`]). A body
+/// that does not parse is refused whole (400) and counted; a message that cannot apply is
+/// dropped alone and counted.
+pub async fn peer_bookings(State(st): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+    let pm = &st.metrics.peers;
+    pm.bytes
+        .with_label_values(&["received"])
+        .inc_by(body.len() as u64);
+    let batch: super::peer_wire::Batch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            pm.dropped.with_label_values(&["malformed"]).inc();
+            return error(StatusCode::BAD_REQUEST, format!("not a booking batch: {e}"));
+        }
+    };
+    let got = st
+        .peers
+        .receive(batch, &st.registry, std::time::Instant::now());
+    Json(got).into_response()
 }

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 
 pub mod discovery;
 pub mod file;
+pub mod peers;
 pub mod tenants;
 pub mod tls;
 pub use kvroute_route::config::{CostModel, PolicyWeights, PrefillStall};

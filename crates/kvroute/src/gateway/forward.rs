@@ -15,7 +15,8 @@ use super::answer::{
     DecodeTiming,
 };
 use super::decide::{Decision, Ranked};
-use super::pending::Prompt;
+use super::peer_wire::Booked;
+use super::pending::{checkpoint_tails, Prompt};
 use super::registry::{LoadGuard, Worker};
 use super::state::AppState;
 use super::ttft::Work;
@@ -155,9 +156,10 @@ pub(super) async fn forward(
         first_token_is_whole,
     } = booking;
     let mut guard = LoadGuard::new(worker.clone(), uncached);
-    if let Some((prompt, checkpoints)) = in_flight {
-        guard = guard.with_prompt(prompt, checkpoints);
+    if let Some((prompt, checkpoints)) = &in_flight {
+        guard = guard.with_prompt(prompt, *checkpoints);
     }
+    let guard = announce(st, worker, guard, in_flight);
     let started = Instant::now();
     let resp = send(st, worker, ep, body).await?;
     let status = resp.status();
@@ -170,6 +172,34 @@ pub(super) async fn forward(
         return whole_answer(st, worker, resp, guard, seen, first_token_is_whole).await;
     }
     Ok(streamed_answer(st, worker, resp, guard, seen))
+}
+
+/// Tells the other replicas (when any is configured) about the booking `guard` holds: the
+/// worker, its prefill and the prompt it is about to cache.
+fn announce(
+    st: &AppState,
+    worker: &Worker,
+    guard: LoadGuard,
+    in_flight: Option<InFlight<'_>>,
+) -> LoadGuard {
+    let outbox = &st.peers.outbox;
+    let id = outbox.book(|id| Booked {
+        id,
+        worker: worker.spec.name.clone(),
+        prefill: guard.prefill(),
+        keys: in_flight
+            .as_ref()
+            .map(|(p, _)| p.keys.to_vec())
+            .unwrap_or_default(),
+        checkpoints: in_flight
+            .as_ref()
+            .map(|(p, c)| checkpoint_tails(p, *c))
+            .unwrap_or_default(),
+    });
+    match id {
+        Some(id) => guard.announced(outbox.clone(), id),
+        None => guard,
+    }
 }
 
 /// What an answer is checked against and teaches: when it was sent, the cached tokens

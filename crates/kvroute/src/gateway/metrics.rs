@@ -8,7 +8,7 @@
 //! (`ListenerCounts`, what `gateway::listen` counts into), discovery refreshes, discovered
 //! workers, fleet changes and configuration reloads, plus, rendered at scrape time, the
 //! index's counters and size and the wire intake's counters, and the front door's per-tenant
-//! figures (`TenantMetrics`).
+//! figures (`TenantMetrics`) and the replicas' booking channel (`PeerMetrics`).
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update, or import the front door or the
 //! fleet state (both count into it; it reads only the routing core's decision types).
@@ -64,6 +64,8 @@ pub struct Metrics {
     tls_handshake_failures: IntCounterVec,
     /// The front door: admitted, rejected, tokens charged and in flight, per tenant.
     pub tenants: TenantMetrics,
+    /// The replicas' booking channel ([`PeerMetrics`]).
+    pub peers: PeerMetrics,
     /// Discovery refreshes (one DNS resolution or directory scan) by kind and result.
     pub discovery_resolutions: IntCounterVec,
     /// Workers the reconciler manages that discovery found.
@@ -137,6 +139,78 @@ impl TenantMetrics {
 impl Default for TenantMetrics {
     fn default() -> Self {
         TenantMetrics::new()
+    }
+}
+
+/// The booking channel between replicas (`gateway::peers`).
+#[derive(Clone)]
+pub struct PeerMetrics {
+    /// Messages by `direction` (`sent`, `received`) and `kind` (`booked`, `first_byte`,
+    /// `done`, `live`).
+    pub messages: IntCounterVec,
+    /// Batches posted to a peer by `outcome` (`ok`, `failed`).
+    pub batches: IntCounterVec,
+    /// Body bytes by `direction`.
+    pub bytes: IntCounterVec,
+    /// What was dropped, by `reason` (`queue_full`, `send_failed`, `unknown_worker`,
+    /// `malformed`, `too_many`, `own`, `peer_silent`, `peer_restarted`, `not_live`).
+    pub dropped: IntCounterVec,
+    /// Other replicas' requests in flight held here.
+    pub remote_bookings: IntGauge,
+    /// Peers heard from within the timeout.
+    pub peers_heard: IntGauge,
+}
+
+impl PeerMetrics {
+    pub fn new() -> PeerMetrics {
+        let vec = |name: &str, help: &str, labels: &[&str]| {
+            must(IntCounterVec::new(Opts::new(name, help), labels))
+        };
+        PeerMetrics {
+            messages: vec(
+                "kvroute_peer_messages_total",
+                "Booking messages exchanged with other replicas, by direction and kind",
+                &["direction", "kind"],
+            ),
+            batches: vec(
+                "kvroute_peer_batches_total",
+                "Batches of booking messages posted to other replicas, by outcome",
+                &["outcome"],
+            ),
+            bytes: vec(
+                "kvroute_peer_bytes_total",
+                "Bytes of booking batches, by direction",
+                &["direction"],
+            ),
+            dropped: vec(
+                "kvroute_peer_dropped_total",
+                "Booking messages or bookings dropped, by reason",
+                &["reason"],
+            ),
+            remote_bookings: must(IntGauge::new(
+                "kvroute_peer_remote_bookings",
+                "Other replicas' requests in flight that this replica counts",
+            )),
+            peers_heard: must(IntGauge::new(
+                "kvroute_peers_heard",
+                "Other replicas heard from within the peer timeout",
+            )),
+        }
+    }
+
+    fn register(&self, registry: &Registry) {
+        for c in [&self.messages, &self.batches, &self.bytes, &self.dropped] {
+            must(registry.register(Box::new(c.clone())));
+        }
+        for g in [&self.remote_bookings, &self.peers_heard] {
+            must(registry.register(Box::new(g.clone())));
+        }
+    }
+}
+
+impl Default for PeerMetrics {
+    fn default() -> Self {
+        PeerMetrics::new()
     }
 }
 
@@ -425,6 +499,8 @@ impl Metrics {
         }
         let tenants = TenantMetrics::new();
         tenants.register(&registry);
+        let peers = PeerMetrics::new();
+        peers.register(&registry);
         Metrics {
             registry,
             requests,
@@ -455,6 +531,7 @@ impl Metrics {
             accept_errors,
             tls_handshake_failures,
             tenants,
+            peers,
             discovery_resolutions,
             discovered_workers,
             fleet_changes,

@@ -34,6 +34,8 @@ pub mod health;
 pub mod intake;
 pub mod listen;
 pub mod metrics;
+pub mod peer_wire;
+pub mod peers;
 pub mod pending;
 pub mod probes;
 pub mod proxy;

@@ -29,6 +29,19 @@ use std::sync::Arc;
 /// Tokens per chunk key: the granularity of the shared full-attention prefix.
 pub const CHUNK: usize = 64;
 
+/// The checkpoints (0 = none) of `prompt` within it, each with its tokens from its anchor
+/// chunk's end: what [`Pending::add_parts`] files.
+pub fn checkpoint_tails(prompt: &Prompt<'_>, checkpoints: [u64; 2]) -> Vec<(u64, Vec<u32>)> {
+    checkpoints
+        .into_iter()
+        .filter(|&at| at != 0 && at as usize <= prompt.tokens.len())
+        .map(|at| {
+            let c = at as usize;
+            (at, prompt.tokens[c / CHUNK * CHUNK..c].to_vec())
+        })
+        .collect()
+}
+
 /// What a worker's in-flight prompts promise a new request, in tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Forecast {
@@ -91,41 +104,48 @@ impl Pending {
     /// Records an in-flight prompt and the positions where the engine will keep a state
     /// checkpoint of it (0 = none); returns the id to remove it with.
     pub fn add(&self, prompt: &Prompt<'_>, checkpoints: [u64; 2]) -> u64 {
+        self.add_parts(prompt.keys.clone(), &checkpoint_tails(prompt, checkpoints))
+    }
+
+    /// Records an in-flight prompt given as its chunk keys and its checkpoints with their
+    /// tails (what another replica announces: [`checkpoint_tails`]); a checkpoint whose tail
+    /// does not end it where its anchor chunk says, or past the keys, is left out.
+    pub fn add_parts(&self, keys: Arc<[u64]>, checkpoints: &[(u64, Vec<u32>)]) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.inner.lock();
-        for k in prompt.keys.iter() {
+        for k in keys.iter() {
             *inner.prefixes.entry(*k).or_insert(0) += 1;
         }
         let mut kept = Vec::new();
-        for at in checkpoints {
-            let c = at as usize;
+        for (at, tail) in checkpoints {
+            let c = *at as usize;
             let whole = c / CHUNK;
-            if at == 0 || c > prompt.tokens.len() {
+            if *at == 0 || tail.len() != c - whole * CHUNK {
                 continue;
             }
             let anchor = match whole.checked_sub(1) {
                 None => None,
-                Some(i) => match prompt.keys.get(i) {
+                Some(i) => match keys.get(i) {
                     Some(k) => Some(*k),
                     None => continue,
                 },
             };
-            let tail: Arc<[u32]> = prompt.tokens[whole * CHUNK..c].into();
+            let tail: Arc<[u32]> = tail.as_slice().into();
             let list = inner.checkpoints.entry(anchor).or_default();
-            match list.iter_mut().find(|x| x.at == at && x.tail == tail) {
+            match list.iter_mut().find(|x| x.at == *at && x.tail == tail) {
                 Some(x) => x.count += 1,
                 None => list.push(Checkpoint {
-                    at,
+                    at: *at,
                     tail: tail.clone(),
                     count: 1,
                 }),
             }
-            kept.push((anchor, at, tail));
+            kept.push((anchor, *at, tail));
         }
         inner.entries.insert(
             id,
             Entry {
-                keys: prompt.keys.clone(),
+                keys,
                 checkpoints: kept,
             },
         );
@@ -251,6 +271,32 @@ mod tests {
         p.remove(id);
         assert_eq!(p.forecast(&prompt(&long), 64, false), Forecast::default());
         assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_prompt_announced_as_keys_and_tails_forecasts_what_the_prompt_itself_does() {
+        for (n, cps) in [(1000, [960, 512]), (130, [128, 0]), (700, [640, 100]), (64, [0, 0])] {
+            let tokens = seq(0..n);
+            let whole = Pending::default();
+            whole.add(&prompt(&tokens), cps);
+            let parts = Pending::default();
+            let p = prompt(&tokens);
+            parts.add_parts(p.keys.clone(), &checkpoint_tails(&p, cps));
+            for probe in [seq(0..1200), branch_at(700), branch_at(120), seq(0..n)] {
+                for (align, dense) in [(64, false), (16, true), (16, false)] {
+                    assert_eq!(
+                        whole.forecast(&prompt(&probe), align, dense),
+                        parts.forecast(&prompt(&probe), align, dense),
+                        "prompt {n}, checkpoints {cps:?}"
+                    );
+                }
+            }
+        }
+        // A tail that does not end where its anchor says is left out, not filed wrong.
+        let p = Pending::default();
+        let tokens = seq(0..1000);
+        p.add_parts(prompt(&tokens).keys, &[(960, vec![1, 2, 3])]);
+        assert_eq!(p.forecast(&prompt(&seq(0..1200)), 64, false).cached, 0);
     }
 
     #[test]

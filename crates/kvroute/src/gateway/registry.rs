@@ -20,6 +20,7 @@ use super::decoding::{DecodeModel, OutputTokens};
 use super::engine_load::EngineLoad;
 use super::eviction::{EvictionModel, EvictionView};
 use super::intake::RankSink;
+use super::peer_wire::Outbox;
 use super::pending::{Pending, Prompt};
 use super::sessions::FollowUps;
 use super::ttft::TtftModel;
@@ -411,6 +412,8 @@ pub struct LoadGuard {
     prefill: u64,
     prefill_released: bool,
     pending: Option<u64>,
+    /// Where the request was announced to the other replicas, and its id there.
+    announced: Option<(Arc<Outbox>, u64)>,
 }
 
 impl LoadGuard {
@@ -427,6 +430,7 @@ impl LoadGuard {
             prefill,
             prefill_released: false,
             pending: None,
+            announced: None,
         }
     }
 
@@ -435,10 +439,36 @@ impl LoadGuard {
         self.pending = Some(self.worker.pending.add(prompt, checkpoints));
         self
     }
+    /// Also records a prompt announced by another replica (its chunk keys and checkpoint
+    /// tails) as in flight on the worker until the guard drops.
+    pub fn with_announced_prompt(
+        mut self,
+        keys: Arc<[u64]>,
+        checkpoints: &[(u64, Vec<u32>)],
+    ) -> LoadGuard {
+        self.pending = Some(self.worker.pending.add_parts(keys, checkpoints));
+        self
+    }
+
+    /// Tells the other replicas, through `outbox`, when the prefill is done and when the
+    /// request ends (`id`: what the booking was announced as).
+    pub fn announced(mut self, outbox: Arc<Outbox>, id: u64) -> LoadGuard {
+        self.announced = Some((outbox, id));
+        self
+    }
+
+    /// The prefill tokens booked.
+    pub fn prefill(&self) -> u64 {
+        self.prefill
+    }
+
     /// The first byte came back: the prefill is done.
     pub fn prefill_done(&mut self) {
         if !self.prefill_released {
             self.prefill_released = true;
+            if let Some((outbox, id)) = &self.announced {
+                outbox.first_byte(*id);
+            }
             self.worker
                 .queued_prefill
                 .fetch_sub(self.prefill, Ordering::Relaxed);
@@ -454,6 +484,9 @@ impl Drop for LoadGuard {
             self.worker.pending.remove(id);
         }
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some((outbox, id)) = self.announced.take() {
+            outbox.done(id);
+        }
     }
 }
 

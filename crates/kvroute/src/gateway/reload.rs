@@ -17,6 +17,7 @@
 
 use super::config::file::GatewayConfig;
 use super::fleet::FleetChanges;
+use super::peers::SendContext;
 use super::state::AppState;
 pub use super::state::{ConfigSource, Overlay, Reloader};
 use serde::Serialize;
@@ -233,8 +234,14 @@ pub async fn apply_reload(
         shutdown_timeout_secs,
         tenants,
         tls,
-        admin_tls
+        admin_tls,
+        peers
     );
+    if new.peers != old.peers || new.admin_token != old.admin_token {
+        state
+            .peers
+            .configure(&new.peers, SendContext::new(&state.client, &new));
+    }
     let policy = new.policy;
     let workers = new.workers.clone();
     // Before the weights that read them: the eviction figures start from this point, and

@@ -13,7 +13,7 @@ use super::config::file::GatewayConfig;
 use super::registry::Registry;
 use super::state::{AppState, Reloader};
 use super::{
-    admin, discovery, engine_poll, fleet, health, listen, metrics, probes, proxy, snapshot,
+    admin, discovery, engine_poll, fleet, health, listen, metrics, peers, probes, proxy, snapshot,
     tenants, tls, tokenize,
 };
 use axum::routing::{delete, get, post, put};
@@ -93,6 +93,8 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/admin/tenants", get(admin::tenants))
         .route("/admin/reload", post(admin::reload))
         .route("/admin/explain", post(admin::explain))
+        .route("/admin/peers", get(admin::peers))
+        .route("/admin/peers/bookings", post(admin::peer_bookings))
         .route(
             "/admin/snapshot",
             get(admin::snapshot_status).post(admin::snapshot_now),
@@ -132,7 +134,9 @@ impl Gateway {
         let client = client.build()?;
         let metrics = metrics::Metrics::new();
         let tenants = tenants::Tenants::new(&config.tenants, metrics.tenants.clone())?;
+        let peers = Arc::new(peers::Peers::new(&config.peers, metrics.peers.clone()));
         let state = Arc::new(AppState {
+            peers: peers.clone(),
             registry: registry.clone(),
             metrics,
             tenants,
@@ -223,6 +227,11 @@ impl Gateway {
             )));
         }
         tasks.push(tokio::spawn(discovery::run(state.clone(), stop_rx.clone())));
+        peers.configure(
+            &config.peers,
+            peers::SendContext::new(&state.client, &config),
+        );
+        tasks.push(tokio::spawn(peers.run_heartbeat(stop_rx.clone())));
         let poll = Duration::from_secs_f64(config.load_poll_interval_secs.clamp(0.01, 60.0));
         let poll_timeout = Duration::from_secs_f64(config.load_poll_timeout_secs.clamp(0.01, 60.0));
         tasks.push(tokio::spawn(engine_poll::run(

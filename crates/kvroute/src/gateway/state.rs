@@ -14,7 +14,7 @@
 use super::config::file::GatewayConfig;
 use super::fleet::{Fleet, FleetHost};
 use super::registry::Registry;
-use super::{metrics, snapshot, tenants, tls, tokenize};
+use super::{metrics, peers, snapshot, tenants, tls, tokenize};
 use kvroute_route::PolicyKind;
 use parking_lot::RwLock;
 use std::path::PathBuf;
@@ -43,6 +43,8 @@ pub struct AppState {
     pub reloader: Reloader,
     /// Snapshot entries for workers discovery may add.
     pub unclaimed: snapshot::Unclaimed,
+    /// The other replicas: this one's announcements and the bookings they announced.
+    pub peers: Arc<peers::Peers>,
     /// When the gateway started (readiness waits a grace period for the first catch-up).
     pub started: std::time::Instant,
 }

@@ -13,6 +13,7 @@ mod engines;
 mod errors;
 mod explain;
 mod lora;
+mod peers;
 mod reload;
 mod replicas;
 mod tenants;

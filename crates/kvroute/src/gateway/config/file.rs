@@ -3,7 +3,7 @@
 //! Owns: `GatewayConfig` (listen addresses, policy and weights — the `[weights]` section is
 //! [`PolicyWeights`] —, limits, admin token, snapshot and shutdown settings, the front door's
 //! tenants ([`super::tenants::TenantSpec`]), the drain timeout, the `[discovery]` section
-//! ([`super::discovery::DiscoveryConfig`]), the TLS sections ([`ListenerTls`]) and the `workers` ([`WorkerSpec`])), its defaults,
+//! ([`super::discovery::DiscoveryConfig`]), the `[peers]` section ([`PeersConfig`]), the TLS sections ([`ListenerTls`]) and the `workers` ([`WorkerSpec`])), its defaults,
 //! and its validation as a whole, naming the offending field.
 //! Invariants: it is plain data; its one import beyond the configuration is the routing core's
 //! [`PolicyKind`]. That is why it is a module of its own, and one `config` does not re-export:
@@ -12,6 +12,7 @@
 //! Must not: start anything, or import the front door or the fleet state.
 
 use super::discovery::DiscoveryConfig;
+use super::peers::PeersConfig;
 use super::tenants::{self, TenantSpec};
 use super::tls::ListenerTls;
 use super::{PolicyWeights, Secret, WorkerSpec};
@@ -106,6 +107,9 @@ pub struct GatewayConfig {
     /// PEM CA bundle trusted for `https://` engine URLs, beside the system's roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_ca_file: Option<PathBuf>,
+    /// The other replicas this one shares its bookings with (`[peers]`; none: off).
+    #[serde(default, skip_serializing_if = "PeersConfig::is_default")]
+    pub peers: PeersConfig,
 }
 
 fn default_client_timeout() -> f64 {
@@ -178,6 +182,7 @@ impl Default for GatewayConfig {
             tls: None,
             admin_tls: None,
             engine_ca_file: None,
+            peers: PeersConfig::default(),
         }
     }
 }
@@ -251,6 +256,7 @@ impl GatewayConfig {
         if !(drain.is_finite() && (0.0..=86_400.0).contains(&drain)) {
             return Err("worker_drain_timeout_secs must be between 0 and 86400 seconds".into());
         }
+        self.peers.validate()?;
         if let Some(t) = &self.tls {
             t.validate("tls")?;
         }

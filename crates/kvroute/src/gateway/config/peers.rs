@@ -1,0 +1,124 @@
+//! The `[peers]` section: the other replicas of this gateway in front of the same fleet, and
+//! how this one tells them what it has in flight.
+//!
+//! Owns: [`PeersConfig`] (the peers' admin URLs, this replica's name, the heartbeat, the
+//! silence after which a peer's bookings are dropped, the outgoing queue's bound) and its
+//! validation as plain data (each error names its field).
+//! Invariants: plain data; no peer URL: the channel is off (no task, no message).
+//! Must not: open a connection or start anything (that is `gateway::peers`).
+
+use serde::{Deserialize, Serialize};
+
+/// The replicas this gateway shares its bookings with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeersConfig {
+    /// The other replicas' admin listeners (`http://host:port` or `https://…`). A list that
+    /// names this replica too is fine (the same ConfigMap on every pod): a replica ignores its
+    /// own messages.
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// This replica's name in its messages (default: `$HOSTNAME`, else a random one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Seconds between heartbeats (each carries the bookings still open here).
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_secs: f64,
+    /// A peer not heard from for this long has its bookings dropped (it died, restarted or is
+    /// cut off; the engines' own figures cover what it sent).
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: f64,
+    /// Messages queued per peer at most; past it a message is dropped and counted (a slow peer
+    /// costs the others precision, never a request's time).
+    #[serde(default = "default_queue")]
+    pub queue: usize,
+}
+
+fn default_heartbeat() -> f64 {
+    0.5
+}
+fn default_timeout() -> f64 {
+    3.0
+}
+fn default_queue() -> usize {
+    4096
+}
+
+impl Default for PeersConfig {
+    fn default() -> Self {
+        PeersConfig {
+            urls: Vec::new(),
+            name: None,
+            heartbeat_secs: default_heartbeat(),
+            timeout_secs: default_timeout(),
+            queue: default_queue(),
+        }
+    }
+}
+
+impl PeersConfig {
+    pub fn is_default(&self) -> bool {
+        *self == PeersConfig::default()
+    }
+
+    /// Whether any peer is configured.
+    pub fn enabled(&self) -> bool {
+        !self.urls.is_empty()
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        for u in &self.urls {
+            let ok = reqwest::Url::parse(u)
+                .is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());
+            if !ok {
+                return Err(format!("peers.urls: {u:?} is not an http(s) URL"));
+            }
+        }
+        if let Some(n) = &self.name {
+            if n.is_empty() || n.len() > 128 || n.contains(char::is_whitespace) {
+                return Err("peers.name must be 1-128 characters without spaces".into());
+            }
+        }
+        let hb = self.heartbeat_secs;
+        if !(hb.is_finite() && (0.01..=60.0).contains(&hb)) {
+            return Err("peers.heartbeat_secs must be between 0.01 and 60".into());
+        }
+        let t = self.timeout_secs;
+        if !(t.is_finite() && t >= 2.0 * hb && t <= 600.0) {
+            return Err(
+                "peers.timeout_secs must be at least twice heartbeat_secs and ≤ 600".into(),
+            );
+        }
+        if !(16..=1_000_000).contains(&self.queue) {
+            return Err("peers.queue must be between 16 and 1000000".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_url_that_is_not_http_is_refused_naming_the_field() {
+        let mut c = PeersConfig {
+            urls: vec!["tcp://10.0.0.1:8081".into()],
+            ..PeersConfig::default()
+        };
+        assert!(c.validate().unwrap_err().contains("peers.urls"));
+        c.urls = vec!["http://10.0.0.1:8081".into()];
+        assert!(c.validate().is_ok());
+        assert!(c.enabled());
+    }
+
+    #[test]
+    fn a_timeout_shorter_than_two_heartbeats_is_refused() {
+        let c = PeersConfig {
+            heartbeat_secs: 1.0,
+            timeout_secs: 1.5,
+            ..PeersConfig::default()
+        };
+        assert!(c.validate().unwrap_err().contains("timeout_secs"));
+    }
+}

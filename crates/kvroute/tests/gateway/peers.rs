@@ -1,0 +1,427 @@
+//! Replicas joined by the booking channel (`[peers]`), over real sockets: each counts the
+//! others' requests in flight the moment they are sent, with no engine poll between; a replica
+//! that is killed, cut off or restarted costs the others its bookings (dropped at its silence
+//! or its new incarnation), never a request.
+
+use crate::common;
+
+use kvroute::gateway::config::file::GatewayConfig;
+use kvroute::gateway::config::peers::PeersConfig;
+use kvroute::gateway::{Gateway, GatewayHandle};
+use kvroute_sim::{Fleet, FleetOptions, WorkerConfig};
+use serde_json::{json, Value};
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+
+const PRESET: &str = "tiny-gemma3";
+
+async fn fleet(speedup: f64) -> Fleet {
+    let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
+    cfg.speedup = speedup;
+    Fleet::start(FleetOptions::new(cfg, 1)).await.unwrap()
+}
+
+/// A replica's configuration: the engines polled once a minute (so what a replica counts of
+/// the others' work between polls comes from the channel alone), a fast heartbeat.
+fn replica_config(f: &Fleet, name: &str, peers: Vec<String>) -> GatewayConfig {
+    let workers = f.workers.iter().map(|h| common::sim_spec(h, PRESET, true));
+    GatewayConfig {
+        load_poll_interval_secs: 60.0,
+        peers: PeersConfig {
+            urls: peers,
+            name: Some(name.into()),
+            heartbeat_secs: 0.1,
+            timeout_secs: 0.6,
+            ..PeersConfig::default()
+        },
+        ..common::gateway_config(workers.collect())
+    }
+}
+
+async fn replica(f: &Fleet, name: &str) -> GatewayHandle {
+    let gw = Gateway::start(replica_config(f, name, Vec::new()))
+        .await
+        .unwrap();
+    common::ready(&gw).await;
+    gw
+}
+
+/// Links every replica to every other (a reload-free reconfiguration: what `[peers]` does).
+fn join(replicas: &[&GatewayHandle]) {
+    for g in replicas {
+        let mut cfg = (*g.state.config()).clone();
+        cfg.peers.urls = replicas
+            .iter()
+            .map(|o| format!("http://{}", o.admin_addr))
+            .collect();
+        g.state.peers.configure(
+            &cfg.peers,
+            kvroute::gateway::peers::SendContext::new(&g.state.client, &cfg),
+        );
+    }
+}
+
+fn prompt(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (seed * 131 + i * 7) % 1000 + 3)
+        .collect()
+}
+
+/// Sends a completion through `front` in the background; resolves to its status.
+fn send(front: String, p: Vec<u32>, max_tokens: u32) -> tokio::task::JoinHandle<u16> {
+    tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(format!("http://{front}/v1/completions"))
+            .json(&json!({"model": PRESET, "prompt": p, "max_tokens": max_tokens}))
+            .send()
+            .await;
+        match r {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let _ = r.bytes().await;
+                status
+            }
+            Err(_) => 0,
+        }
+    })
+}
+
+/// Requests the only worker has running as `gw` counts them.
+fn running(gw: &GatewayHandle) -> u64 {
+    gw.state.registry.all()[0].running()
+}
+
+async fn peers_view(admin: &str) -> Value {
+    reqwest::get(format!("http://{admin}/admin/peers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peered_replicas_count_each_others_requests_in_flight_with_no_engine_poll_between() {
+    let f = fleet(0.05).await;
+    let (a, b, c) = (
+        replica(&f, "a").await,
+        replica(&f, "b").await,
+        replica(&f, "c").await,
+    );
+    join(&[&a, &b, &c]);
+    let tasks: Vec<_> = (0..3)
+        .map(|k| send(b.addr.to_string(), prompt(600 + k, 200), 64))
+        .collect();
+    for g in [&a, &c] {
+        common::wait_until(
+            common::WAIT,
+            "a peer counting b's three requests",
+            || async { running(g) == 3 },
+        )
+        .await;
+        let w = &g.state.registry.all()[0];
+        assert_eq!(w.pending.len(), 3, "b's prompts are in flight here too");
+        assert_eq!(g.state.peers.remote_bookings(), 3);
+    }
+    // b's own count is its own requests only: it ignores its own messages.
+    assert_eq!(running(&b), 3);
+    assert_eq!(b.state.peers.remote_bookings(), 0);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    for g in [&a, &c] {
+        common::wait_until(
+            common::WAIT,
+            "b's requests released on its peers",
+            || async { running(g) == 0 && g.state.peers.remote_bookings() == 0 },
+        )
+        .await;
+        assert!(g.state.registry.all()[0].pending.is_empty());
+    }
+    let text = common::admin_metrics(&a).await;
+    assert!(
+        common::metric(
+            &text,
+            "kvroute_peer_messages_total{direction=\"received\",kind=\"booked\"}"
+        ) >= 3.0
+    );
+    assert!(
+        common::metric(
+            &text,
+            "kvroute_peer_messages_total{direction=\"received\",kind=\"done\"}"
+        ) >= 3.0
+    );
+    for g in [a, b, c] {
+        g.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_without_peers_see_another_replicas_requests_only_at_the_next_engine_poll() {
+    let f = fleet(0.05).await;
+    let (a, b) = (replica(&f, "a").await, replica(&f, "b").await);
+    let tasks: Vec<_> = (0..2)
+        .map(|k| send(b.addr.to_string(), prompt(700 + k, 200), 64))
+        .collect();
+    common::wait_until(common::WAIT, "b counting its two requests", || async {
+        running(&b) == 2
+    })
+    .await;
+    // Nothing tells a: its engine figures are a minute old.
+    assert_eq!(running(&a), 0);
+    assert_eq!(a.state.peers.remote_bookings(), 0);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    for g in [a, b] {
+        g.shutdown().await;
+    }
+}
+
+/// A TCP forwarder that can be cut (every connection dropped, new ones refused) and restored:
+/// a network partition between two replicas.
+struct Cable {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    generation: Arc<AtomicU64>,
+}
+
+impl Cable {
+    async fn to(target: SocketAddr) -> Cable {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let generation = Arc::new(AtomicU64::new(0));
+        let (c, g) = (cut.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if c.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let (c, g) = (c.clone(), g.clone());
+                let born = g.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(mut out) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let pipe = tokio::io::copy_bidirectional(&mut inbound, &mut out);
+                    let watch = async {
+                        while !c.load(Ordering::SeqCst) && g.load(Ordering::SeqCst) == born {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    };
+                    tokio::select! { _ = pipe => {}, _ = watch => {} }
+                });
+            }
+        });
+        Cable {
+            addr,
+            cut,
+            generation,
+        }
+    }
+
+    fn cut(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.cut.store(true, Ordering::SeqCst);
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+/// `kvroute serve` as a child process (a replica that can be killed), and its front address as
+/// it printed it.
+struct Child {
+    process: std::process::Child,
+    front: String,
+}
+
+fn spawn_replica(cfg: &GatewayConfig, dir: &std::path::Path, name: &str) -> Child {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, toml::to_string(cfg).unwrap()).unwrap();
+    let mut process = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = process.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let line = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the replica printed its addresses");
+        if line.contains("(admin http://") {
+            break line;
+        }
+    };
+    let front = line
+        .split("listening on http://")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap()
+        .to_string();
+    Child { process, front }
+}
+
+/// A steady load through `fronts` (round robin) until `stop`: every answer's status and
+/// when it came back.
+fn steady_load(
+    fronts: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<(u16, Instant)>> {
+    tokio::spawn(async move {
+        let mut out = Vec::new();
+        let mut k = 0u32;
+        while !stop.load(Ordering::SeqCst) {
+            let batch: Vec<_> = (0..2)
+                .map(|j| {
+                    k += 1;
+                    send(
+                        fronts[(k as usize + j) % fronts.len()].clone(),
+                        prompt(k, 80),
+                        4,
+                    )
+                })
+                .collect();
+            for t in batch {
+                out.push((t.await.unwrap(), Instant::now()));
+            }
+        }
+        out
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_cut_off_or_restarted_costs_the_others_its_bookings_never_a_request() {
+    let f = fleet(0.2).await;
+    let dir = std::env::temp_dir().join(format!("kvroute-peers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (replica(&f, "a").await, replica(&f, "b").await);
+    // c, a process, reaches a through a cable that can be cut, and b directly.
+    let cable = Cable::to(a.admin_addr).await;
+    let c_cfg = replica_config(
+        &f,
+        "c",
+        vec![
+            format!("http://{}", cable.addr),
+            format!("http://{}", b.admin_addr),
+        ],
+    );
+    let mut c = spawn_replica(&c_cfg, &dir, "c");
+    common::ready_at(&c.front).await;
+    join(&[&a, &b]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = steady_load(vec![a.addr.to_string(), b.addr.to_string()], stop.clone());
+
+    // c's long requests are counted by a and b.
+    let long = |k: u32| send(c.front.clone(), prompt(900 + k, 200), 400);
+    let first: Vec<_> = (0..2).map(long).collect();
+    for g in [&a, &b] {
+        common::wait_until(common::WAIT, "c's two requests counted", || async {
+            g.state.peers.remote_bookings() == 2
+        })
+        .await;
+    }
+
+    // Cut off from a: a drops c's bookings at c's silence; b, still linked, keeps them.
+    cable.cut();
+    common::wait_until(
+        common::WAIT,
+        "a dropping the silent c's bookings",
+        || async { a.state.peers.remote_bookings() == 0 },
+    )
+    .await;
+    assert_eq!(b.state.peers.remote_bookings(), 2);
+    // Restored: c's next heartbeat brings its open bookings back as live, not the bookings
+    // themselves (their `Booked` went to the cut cable); a counts c's new requests again.
+    cable.restore();
+    common::wait_until(common::WAIT, "a hearing c's heartbeat again", || async {
+        let v = peers_view(&a.admin_addr.to_string()).await;
+        v["heard"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["replica"] == "c")
+    })
+    .await;
+    let second: Vec<_> = (2..3).map(long).collect();
+    common::wait_until(common::WAIT, "a hearing c again", || async {
+        a.state.peers.remote_bookings() >= 1
+    })
+    .await;
+    let before = peers_view(&a.admin_addr.to_string()).await;
+    let incarnation = before["heard"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["replica"] == "c")
+        .map(|p| p["incarnation"].clone())
+        .unwrap();
+
+    // Killed: c's bookings go at its silence, on both.
+    let killed_at = Instant::now();
+    c.process.kill().unwrap();
+    c.process.wait().unwrap();
+    for g in [&a, &b] {
+        common::wait_until(common::WAIT, "the dead c's bookings dropped", || async {
+            g.state.peers.remote_bookings() == 0
+                && running(g) == g.state.registry.all()[0].in_flight.load(Ordering::Relaxed)
+        })
+        .await;
+    }
+    for t in first.into_iter().chain(second) {
+        // c's clients saw their connection end with c; nothing else did.
+        let _ = t.await.unwrap();
+    }
+
+    // Restarted under the same name: a new incarnation, heard by both.
+    let mut c2 = spawn_replica(&c_cfg, &dir, "c");
+    common::ready_at(&c2.front).await;
+    let fresh = send(c2.front.clone(), prompt(990, 200), 400);
+    common::wait_until(common::WAIT, "the restarted c heard", || async {
+        let v = peers_view(&a.admin_addr.to_string()).await;
+        v["heard"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["replica"] == "c" && p["incarnation"] != incarnation && p["bookings"] == 1)
+    })
+    .await;
+    fresh.abort();
+
+    stop.store(true, Ordering::SeqCst);
+    let answers = load.await.unwrap();
+    let failed: Vec<_> = answers.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "requests through a and b failed: {failed:?}"
+    );
+    assert!(
+        answers.iter().any(|(_, t)| *t < killed_at) && answers.iter().any(|(_, t)| *t > killed_at),
+        "the load overlapped the kill: {} answers",
+        answers.len()
+    );
+    let text = common::admin_metrics(&a).await;
+    assert!(common::metric(&text, "kvroute_peer_dropped_total{reason=\"peer_silent\"}") >= 2.0);
+    let _ = c2.process.kill();
+    let _ = c2.process.wait();
+    for g in [a, b] {
+        g.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
