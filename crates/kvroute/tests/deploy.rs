@@ -290,6 +290,29 @@ fn the_gateway_runs_two_replicas_spread_across_nodes_behind_a_service_a_budget_a
             "{key} listens on the pod network"
         );
     }
+    // The replicas find each other through a headless Service over their admin port.
+    let peers = m.get("Service", "kvroute-peers");
+    assert_eq!(peers["spec"]["clusterIP"], "None", "headless");
+    assert!(selects(&peers["spec"]["selector"], labels));
+    let admin = peers["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["targetPort"] == "admin")
+        .expect("the peers' Service exposes the admin port");
+    let admin_listen: SocketAddr = cfg["admin_listen"].as_str().unwrap().parse().unwrap();
+    assert_eq!(admin["port"].as_u64(), Some(u64::from(admin_listen.port())));
+    let dns = cfg["peers"]["dns"].as_table().unwrap();
+    assert_eq!(dns["record"].as_str(), Some("srv"));
+    assert_eq!(
+        dns["name"].as_str().unwrap(),
+        format!(
+            "_{}._tcp.{}.{}.svc.cluster.local",
+            admin["name"].as_str().unwrap(),
+            peers["metadata"]["name"].as_str().unwrap(),
+            m.namespace
+        )
+    );
     // The pod stops after the gateway's own shutdown timeout.
     let grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         .as_f64()

@@ -2,7 +2,8 @@
 //! while it is in flight, so that every replica's load accounting counts every replica's work
 //! between two polls of the engines' `/metrics`.
 //!
-//! Owns: this replica's name and incarnation, the sender tasks (one per peer URL: batches of
+//! Owns: this replica's name and incarnation, the peers' URLs (listed, and found in DNS every
+//! `[peers.dns]` interval: a headless Service's records), the sender tasks (one per URL: batches of
 //! [`Message`]s posted to the peer's `POST /admin/peers/bookings`), the heartbeat (the open
 //! bookings, every `heartbeat_secs`), and the other replicas' bookings held here as load guards
 //! on the local workers ([`Peers::receive`]) until their `Done`, a heartbeat that no longer
@@ -14,7 +15,8 @@
 //! Must not: route, change the index, or hold a lock across an await.
 
 use super::config::file::GatewayConfig;
-use super::config::peers::PeersConfig;
+use super::config::peers::{PeersConfig, PeersDns};
+use super::discovery::dns::{build_resolver, resolve};
 use super::metrics::PeerMetrics;
 use super::peer_wire::{Batch, Booked, Message, Outbox};
 use super::registry::{LoadGuard, Registry};
@@ -73,6 +75,12 @@ pub struct Peers {
     remotes: Mutex<HashMap<String, Remote>>,
     config: Mutex<PeersConfig>,
     metrics: PeerMetrics,
+    /// Each linked peer's queue, by URL.
+    links: Mutex<HashMap<String, mpsc::Sender<Message>>>,
+    /// What the senders post with (set by [`Peers::configure`]).
+    ctx: Mutex<Option<SendContext>>,
+    /// The peer URLs the last good DNS answer named.
+    resolved: Mutex<Vec<String>>,
 }
 
 /// What a sender task needs besides its queue.
@@ -107,6 +115,9 @@ impl Peers {
             remotes: Mutex::new(HashMap::new()),
             config: Mutex::new(cfg.clone()),
             metrics,
+            links: Mutex::new(HashMap::new()),
+            ctx: Mutex::new(None),
+            resolved: Mutex::new(Vec::new()),
         }
     }
 
@@ -114,26 +125,88 @@ impl Peers {
         &self.name
     }
 
-    /// Links this replica to `cfg`'s peers: a sender task per URL (the links of the previous
-    /// configuration close, their tasks end). Needs a Tokio runtime.
+    /// Links this replica to `cfg`'s peers with `ctx`: a sender task per URL, listed or found
+    /// in DNS (every link is made afresh: the previous ones close, their tasks end once their
+    /// queues drain). Needs a Tokio runtime.
     pub fn configure(self: &Arc<Self>, cfg: &PeersConfig, ctx: SendContext) {
         *self.config.lock() = cfg.clone();
-        let mut links = Vec::new();
-        for url in &cfg.urls {
-            let (tx, rx) = mpsc::channel(cfg.queue);
-            links.push((url.clone(), tx));
-            let header = (self.name.clone(), self.incarnation);
-            tokio::spawn(send_loop(
-                rx,
-                Target {
-                    url: format!("{}/admin/peers/bookings", url.trim_end_matches('/')),
-                    header,
-                },
-                ctx.clone(),
-                self.metrics.clone(),
-            ));
+        *self.ctx.lock() = Some(ctx);
+        if cfg.dns.is_none() {
+            self.resolved.lock().clear();
         }
-        self.outbox.set_links(links);
+        self.links.lock().clear();
+        self.relink();
+    }
+
+    /// Links every peer URL listed or resolved that has no link yet, and closes the links of
+    /// those no longer named.
+    fn relink(self: &Arc<Self>) {
+        let Some(ctx) = self.ctx.lock().clone() else {
+            return;
+        };
+        let cfg = self.config.lock().clone();
+        let mut want = cfg.urls.clone();
+        want.extend(self.resolved.lock().iter().cloned());
+        want.sort();
+        want.dedup();
+        let mut links = self.links.lock();
+        links.retain(|url, _| want.contains(url));
+        for url in want {
+            if links.contains_key(&url) {
+                continue;
+            }
+            let (tx, rx) = mpsc::channel(cfg.queue);
+            let target = Target {
+                url: format!("{}/admin/peers/bookings", url.trim_end_matches('/')),
+                header: (self.name.clone(), self.incarnation),
+            };
+            tokio::spawn(send_loop(rx, target, ctx.clone(), self.metrics.clone()));
+            links.insert(url, tx);
+        }
+        self.outbox.set_links(
+            links
+                .iter()
+                .map(|(url, tx)| (url.clone(), tx.clone()))
+                .collect(),
+        );
+    }
+
+    /// Resolves `[peers.dns]` every `interval_secs` until `stop`, relinking when the replicas
+    /// it names change; a failed or empty answer keeps the last good set.
+    pub async fn run_dns(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            let dns = self.config.lock().dns.clone();
+            let every = dns.as_ref().map_or(Duration::from_secs(1), |d| {
+                Duration::from_secs_f64(d.interval_secs)
+            });
+            if let Some(d) = dns {
+                self.refresh_dns(&d).await;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    async fn refresh_dns(self: &Arc<Self>, d: &PeersDns) {
+        let found = match build_resolver(d.nameserver.as_deref(), d.timeout_secs) {
+            Ok(r) => resolve(&r, &d.name, d.record, d.port).await,
+            Err(e) => Err(e),
+        };
+        let urls: Vec<String> = match found {
+            Ok(addrs) if !addrs.is_empty() => addrs.into_iter().map(|a| d.url_for(a)).collect(),
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!("peers: {e}");
+                return;
+            }
+        };
+        if *self.resolved.lock() != urls {
+            tracing::info!(peers = ?urls, "peers found in DNS");
+            *self.resolved.lock() = urls;
+            self.relink();
+        }
     }
 
     /// The heartbeat and the expiry of silent peers, every `heartbeat_secs`, until `stop`.

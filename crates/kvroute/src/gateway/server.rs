@@ -231,7 +231,8 @@ impl Gateway {
             &config.peers,
             peers::SendContext::new(&state.client, &config),
         );
-        tasks.push(tokio::spawn(peers.run_heartbeat(stop_rx.clone())));
+        tasks.push(tokio::spawn(peers.clone().run_heartbeat(stop_rx.clone())));
+        tasks.push(tokio::spawn(peers.run_dns(stop_rx.clone())));
         let poll = Duration::from_secs_f64(config.load_poll_interval_secs.clamp(0.01, 60.0));
         let poll_timeout = Duration::from_secs_f64(config.load_poll_timeout_secs.clamp(0.01, 60.0));
         tasks.push(tokio::spawn(engine_poll::run(

@@ -425,3 +425,71 @@ async fn a_replica_killed_cut_off_or_restarted_costs_the_others_its_bookings_nev
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_find_each_other_in_dns_srv_records_as_a_headless_service_names_them() {
+    use crate::common::dns::Dns;
+    use hickory_resolver::proto::rr::rdata::{A, SRV};
+    use hickory_resolver::proto::rr::{Name, RData, Record};
+    use kvroute::gateway::config::peers::PeersDns;
+
+    let f = fleet(0.05).await;
+    let dns = Dns::with_glue("peers.test.").await;
+    let service = "kvroute-peers.peers.test.";
+    let name = |n: &str| Name::from_ascii(n).unwrap();
+    let start = |n: &'static str| {
+        let mut cfg = replica_config(&f, n, Vec::new());
+        cfg.peers.dns = Some(PeersDns {
+            name: service.into(),
+            record: kvroute::gateway::discovery::RecordKind::Srv,
+            port: 0,
+            scheme: "http".into(),
+            nameserver: Some(dns.addr.to_string()),
+            interval_secs: 0.1,
+            timeout_secs: 1.0,
+        });
+        async move {
+            let gw = Gateway::start(cfg).await.unwrap();
+            common::ready(&gw).await;
+            gw
+        }
+    };
+    let (a, b) = (start("a").await, start("b").await);
+    // The headless Service's records: one SRV per pod (this replica included) on its admin port.
+    let mut records = Vec::new();
+    for (host, g) in [("a.peers.test.", &a), ("b.peers.test.", &b)] {
+        records.push(Record::from_rdata(
+            name(service),
+            1,
+            RData::SRV(SRV::new(0, 0, g.admin_addr.port(), name(host))),
+        ));
+        records.push(Record::from_rdata(
+            name(host),
+            1,
+            RData::A(A(std::net::Ipv4Addr::LOCALHOST)),
+        ));
+    }
+    dns.set(records);
+    for g in [&a, &b] {
+        common::wait_until(common::WAIT, "both replicas linked from DNS", || async {
+            g.state.peers.outbox.urls().len() == 2
+        })
+        .await;
+    }
+    let tasks: Vec<_> = (0..2)
+        .map(|k| send(b.addr.to_string(), prompt(800 + k, 200), 64))
+        .collect();
+    common::wait_until(common::WAIT, "a counting b's requests", || async {
+        running(&a) == 2 && a.state.peers.remote_bookings() == 2
+    })
+    .await;
+    // Each replica posts to itself too (its own record): those messages are dropped as its own.
+    let text = common::admin_metrics(&b).await;
+    assert!(common::metric(&text, "kvroute_peer_dropped_total{reason=\"own\"}") >= 2.0);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    for g in [a, b] {
+        g.shutdown().await;
+    }
+}

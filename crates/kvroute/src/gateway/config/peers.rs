@@ -1,12 +1,14 @@
 //! The `[peers]` section: the other replicas of this gateway in front of the same fleet, and
 //! how this one tells them what it has in flight.
 //!
-//! Owns: [`PeersConfig`] (the peers' admin URLs, this replica's name, the heartbeat, the
-//! silence after which a peer's bookings are dropped, the outgoing queue's bound) and its
-//! validation as plain data (each error names its field).
+//! Owns: [`PeersConfig`] (the peers' admin URLs, or a DNS name whose records are the
+//! replicas ([`PeersDns`]), this replica's name, the heartbeat, the silence after which a
+//! peer's bookings are dropped, the outgoing queue's bound) and its validation as plain data
+//! (each error names its field).
 //! Invariants: plain data; no peer URL: the channel is off (no task, no message).
 //! Must not: open a connection or start anything (that is `gateway::peers`).
 
+use super::discovery::{parse_nameserver, RecordKind};
 use serde::{Deserialize, Serialize};
 
 /// The replicas this gateway shares its bookings with.
@@ -32,6 +34,78 @@ pub struct PeersConfig {
     /// costs the others precision, never a request's time).
     #[serde(default = "default_queue")]
     pub queue: usize,
+    /// Peers found in DNS beside `urls`: a name whose records are the replicas (a headless
+    /// Service of the gateway's pods), resolved every `interval_secs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<PeersDns>,
+}
+
+/// The `[peers.dns]` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeersDns {
+    /// The name, e.g. `kvroute-peers.inference.svc.cluster.local`.
+    pub name: String,
+    /// `a` (A and AAAA records, on `port`) or `srv` (targets and ports from SRV records).
+    #[serde(default)]
+    pub record: RecordKind,
+    /// The replicas' admin port (records `a`).
+    #[serde(default = "default_admin_port")]
+    pub port: u16,
+    /// `http` or `https` (the admin listener's).
+    #[serde(default = "default_scheme")]
+    pub scheme: String,
+    /// The DNS server, `ip:port` or `ip`; the system resolver when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nameserver: Option<String>,
+    #[serde(default = "default_dns_interval")]
+    pub interval_secs: f64,
+    #[serde(default = "default_dns_timeout")]
+    pub timeout_secs: f64,
+}
+
+fn default_admin_port() -> u16 {
+    8081
+}
+fn default_scheme() -> String {
+    "http".into()
+}
+fn default_dns_interval() -> f64 {
+    10.0
+}
+fn default_dns_timeout() -> f64 {
+    2.0
+}
+
+impl PeersDns {
+    /// The peer URL of a resolved address.
+    pub fn url_for(&self, addr: std::net::SocketAddr) -> String {
+        format!("{}://{addr}", self.scheme)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err("peers.dns.name is empty".into());
+        }
+        if !matches!(self.scheme.as_str(), "http" | "https") {
+            return Err("peers.dns.scheme must be http or https".into());
+        }
+        if self.record == RecordKind::A && self.port == 0 {
+            return Err("peers.dns.port must be set for A records".into());
+        }
+        if let Some(ns) = &self.nameserver {
+            parse_nameserver(ns).map_err(|e| format!("peers.dns.{e}"))?;
+        }
+        let i = self.interval_secs;
+        if !(i.is_finite() && (0.05..=3_600.0).contains(&i)) {
+            return Err("peers.dns.interval_secs must be between 0.05 and 3600".into());
+        }
+        let t = self.timeout_secs;
+        if !(t.is_finite() && (0.01..=60.0).contains(&t)) {
+            return Err("peers.dns.timeout_secs must be between 0.01 and 60".into());
+        }
+        Ok(())
+    }
 }
 
 fn default_heartbeat() -> f64 {
@@ -52,6 +126,7 @@ impl Default for PeersConfig {
             heartbeat_secs: default_heartbeat(),
             timeout_secs: default_timeout(),
             queue: default_queue(),
+            dns: None,
         }
     }
 }
@@ -61,9 +136,9 @@ impl PeersConfig {
         *self == PeersConfig::default()
     }
 
-    /// Whether any peer is configured.
+    /// Whether any peer is configured (listed, or to be found in DNS).
     pub fn enabled(&self) -> bool {
-        !self.urls.is_empty()
+        !self.urls.is_empty() || self.dns.is_some()
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -91,6 +166,9 @@ impl PeersConfig {
         }
         if !(16..=1_000_000).contains(&self.queue) {
             return Err("peers.queue must be between 16 and 1000000".into());
+        }
+        if let Some(d) = &self.dns {
+            d.validate()?;
         }
         Ok(())
     }

@@ -86,8 +86,17 @@ impl DnsState {
 }
 
 fn build(c: &DiscoveryConfig) -> Result<TokioResolver, DnsError> {
-    let timeout = Duration::from_secs_f64(c.timeout_secs.clamp(0.01, 60.0));
-    let mut builder = match &c.nameserver {
+    build_resolver(c.nameserver.as_deref(), c.timeout_secs)
+}
+
+/// A resolver asking `nameserver` (`ip:port` or `ip`; the system's when `None`), one attempt
+/// of `timeout_secs` per query.
+pub fn build_resolver(
+    nameserver: Option<&str>,
+    timeout_secs: f64,
+) -> Result<TokioResolver, DnsError> {
+    let timeout = Duration::from_secs_f64(timeout_secs.clamp(0.01, 60.0));
+    let mut builder = match nameserver {
         Some(ns) => {
             let addr = parse_nameserver(ns).map_err(DnsError::Resolver)?;
             let mut udp = ConnectionConfig::udp();
