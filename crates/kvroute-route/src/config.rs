@@ -126,6 +126,11 @@ pub struct PolicyWeights {
     /// `false` counts every booking whole until its first byte.
     #[serde(default = "default_later_turns")]
     pub queue_drain: bool,
+    /// Hybrid-aware: count what a candidate will hold once the prompts in flight there are
+    /// stored (the gateway's in-flight forecast; with peers, the other replicas' prompts too).
+    /// `false` ranks by what the index holds now.
+    #[serde(default = "default_later_turns", skip_serializing_if = "is_true")]
+    pub in_flight_forecast: bool,
     /// Cost model `ttft`: the time to load one token's KV from a worker's CPU tier (µs; the
     /// `OffloadingConnector`'s hit, `medium = "CPU"`), added to its predicted TTFT. The
     /// default, 5, is an 8B-class model's 128 KiB a token over PCIe 4.0 ×16 (about 25 GB/s):
@@ -140,6 +145,11 @@ fn default_cpu_load_us_per_token() -> f64 {
 
 fn default_later_turns() -> bool {
     true
+}
+/// Whether a switch is at its default, on (left out of the serialized weights: the decision
+/// logs recorded before the switch existed read back identically).
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// Which prefills the `ttft` cost charges for stalling the requests decoding beside them.
@@ -213,6 +223,7 @@ impl Default for PolicyWeights {
             eviction: false,
             next_arrivals: false,
             queue_drain: default_later_turns(),
+            in_flight_forecast: default_later_turns(),
             cpu_load_us_per_token: default_cpu_load_us_per_token(),
         }
     }

@@ -258,6 +258,10 @@ struct ServeArgs {
     /// or counts whole until each request's first byte (false).
     #[arg(long)]
     queue_drain: Option<bool>,
+    /// Hybrid-aware: count the prompts in flight on a worker as what it will hold (true, the
+    /// default) or rank by what the index holds now (false).
+    #[arg(long)]
+    in_flight_forecast: Option<bool>,
     /// Cost model ttft: µs to load one token's KV from a worker's CPU tier (default 5).
     #[arg(long)]
     cpu_load_us_per_token: Option<f64>,
@@ -442,6 +446,9 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(q) = a.queue_drain {
         cfg.weights.queue_drain = q;
+    }
+    if let Some(f) = a.in_flight_forecast {
+        cfg.weights.in_flight_forecast = f;
     }
     if let Some(us) = a.cpu_load_us_per_token {
         cfg.weights.cpu_load_us_per_token = us;

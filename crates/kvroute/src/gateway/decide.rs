@@ -193,7 +193,12 @@ pub fn snapshot<'a>(
         .map(|w| {
             let b = best.get(w.spec.name.as_str());
             let outlook = match (&prompt, b) {
-                (Some(p), Some(b)) => outlook(w, p, b, req.skip_prefix_cache),
+                (Some(p), Some(b)) => outlook(
+                    w,
+                    p,
+                    b,
+                    req.skip_prefix_cache || !weights.in_flight_forecast,
+                ),
                 _ => None,
             };
             worker_facts(registry, w, b, outlook, weights, now)
@@ -277,7 +282,8 @@ fn best_ranks<'w>(
 }
 
 /// A hybrid-aware candidate's outlook: what it will hold once its in-flight prompts are stored
-/// (at least the index's figure; nothing counts for a request that skips the prefix cache).
+/// (at least the index's figure; nothing counts for a request that skips the prefix cache, or
+/// with `weights.in_flight_forecast` off).
 fn outlook(w: &Worker, prompt: &Prompt<'_>, b: &Best, skip: bool) -> Option<Outlook> {
     let params = b.params?;
     let align = u64::from(params.align).max(1);
