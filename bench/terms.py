@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The cost-term A/B table from bench/terms.sh's runs.
+
+    python3 bench/terms.py DIR
+
+Each run is DIR/WORKLOAD.PRESET.BLOCKS.RATE.rREPLICAS.SETTING.REPEAT.json (`kvroute bench`'s
+JSON). For every cell and term, the term's effect is the defaults' mean minus the term-off
+runs' mean, per figure (reuse; TTFT mean, p50, p99), and the noise is the larger of the two
+settings' ranges over their repeats (max − min). The term is ahead on a figure when its
+effect is better than the noise (more reuse, less TTFT), behind when it is worse than the
+noise. Prints a Markdown table and, per term, the verdict the A/B rule gives: on by default
+only if ahead on some cell and behind on none.
+"""
+import collections
+import json
+import pathlib
+import statistics
+import sys
+
+FIGURES = [("reuse", +1), ("ttft_mean_ms", -1), ("ttft_p50_ms", -1), ("ttft_p99_ms", -1)]
+
+
+def figure(t, name):
+    if name == "ttft_mean_ms":
+        v = t.get("ttft_mean_ms")
+        if v is None:
+            v = (t.get("client_ttft_ms") or {}).get("mean")
+        return v
+    return t.get(name)
+
+
+def load(d):
+    runs = collections.defaultdict(list)
+    for p in sorted(pathlib.Path(d).glob("*.json")):
+        parts = p.name[: -len(".json")].split(".")
+        if len(parts) < 7:
+            continue
+        # The rate may itself hold a dot (2.3): the cell is everything before rREPLICAS.
+        i = next(k for k, s in enumerate(parts) if s.startswith("r") and s[1:].isdigit())
+        cell = ".".join(parts[:i])
+        replicas, setting, rep = parts[i], parts[i + 1], parts[i + 2]
+        t = json.loads(p.read_text())["targets"][0]
+        runs[(cell, replicas, setting)].append(t)
+    return runs
+
+
+def main(d):
+    runs = load(d)
+    cells = sorted({(c, r) for c, r, _ in runs})
+    terms = sorted({s for _, _, s in runs if s != "defaults"})
+    verdict = {t: {"ahead": [], "behind": []} for t in terms}
+    print("| term | cell | replicas | runs (on/off) | " + " | ".join(
+        f"{n} on − off (noise)" for n, _ in FIGURES) + " |")
+    print("|---|---|---|---|" + "---|" * len(FIGURES))
+    for term in terms:
+        for cell, rep in cells:
+            on, off = runs.get((cell, rep, "defaults"), []), runs.get((cell, rep, term), [])
+            if not on or not off:
+                continue
+            row = []
+            for name, better in FIGURES:
+                a = [figure(t, name) for t in on if figure(t, name) is not None]
+                b = [figure(t, name) for t in off if figure(t, name) is not None]
+                if not a or not b:
+                    row.append("—")
+                    continue
+                delta = statistics.mean(a) - statistics.mean(b)
+                noise = max(max(a) - min(a), max(b) - min(b))
+                scale = 100 if name == "reuse" else 1
+                mark = ""
+                if abs(delta) > noise:
+                    good = delta * better > 0
+                    mark = " ✓" if good else " ✗"
+                    verdict[term]["ahead" if good else "behind"].append(f"{cell} {name}")
+                row.append(f"{delta * scale:+.1f} ({noise * scale:.1f}){mark}")
+            print(f"| {term} | {cell} | {rep[1:]} | {len(on)}/{len(off)} | " + " | ".join(row) + " |")
+    print()
+    print("| term | ahead beyond the noise | behind beyond the noise | A/B rule |")
+    print("|---|---|---|---|")
+    for term in terms:
+        v = verdict[term]
+        keep = bool(v["ahead"]) and not v["behind"]
+        print(f"| {term} | {len(v['ahead'])}: {', '.join(v['ahead']) or '—'} | "
+              f"{len(v['behind'])}: {', '.join(v['behind']) or '—'} | "
+              f"{'on' if keep else 'off'} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/out")
