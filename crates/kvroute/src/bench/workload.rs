@@ -4,13 +4,17 @@
 //! Owns: [`Workload`] (sessions, each a start time and turns; a turn's prompt is the session's
 //! history — the previous prompt, the reply the target gave, then the new user text — so a
 //! multi-turn conversation is sent back as a chat client sends it), the Mooncake reader, the
-//! generators `shared-prefix`, `multi-turn`, `agentic` and `rag`, and the token spelling that
-//! makes text and token-id prompts agree on the simulated engine.
+//! generators `shared-prefix`, `multi-turn`, `agentic`, `rag` and `tenants` (in [`tenants`]),
+//! and the token spelling that makes text and token-id prompts agree on the simulated engine.
 //! Invariants: the same options and seed give the same workload; every generated token is a
 //! word id of the simulator's tokenizer (`FIRST_WORD ≤ id < vocab`), so its text spelling
 //! tokenizes back to exactly the same ids; in a Mooncake trace two requests share a token
 //! prefix exactly when they share leading block ids.
 //! Must not: read anything but the given trace file, or depend on the target.
+
+mod tenants;
+
+pub use tenants::{tenant_prompts, tenants, Tenants};
 
 use anyhow::{bail, Context, Result};
 use kvroute_sim::tokens::FIRST_WORD;
@@ -477,7 +481,8 @@ pub fn rag(r: &Rag, s: &Shape) -> Workload {
     }
 }
 
-/// A workload by name: `shared-prefix`, `multi-turn`, `agentic`, `rag`, or a trace file.
+/// A workload by name: `shared-prefix`, `multi-turn`, `agentic`, `rag`, `tenants`, or a trace
+/// file.
 /// `sessions` sizes a built-in generator (its own count when `None`); a trace has its own.
 pub fn build(
     name: Option<&str>,
@@ -539,8 +544,17 @@ pub fn build(
             };
             Ok(rag(&r, s))
         }
+        (Some("tenants"), None) => {
+            let d = Tenants::default();
+            let t = Tenants {
+                requests: sessions.unwrap_or(d.requests),
+                ..d
+            };
+            Ok(tenants(&t, s))
+        }
         (Some(other), None) => bail!(
-            "unknown workload {other:?}: use mooncake, shared-prefix, multi-turn, agentic or rag"
+            "unknown workload {other:?}: use mooncake, shared-prefix, multi-turn, agentic, rag \
+             or tenants"
         ),
     }
 }
@@ -616,6 +630,7 @@ mod tests {
             ("agentic", 200),
             ("rag", 37),
             ("shared-prefix", 999),
+            ("tenants", 321),
         ] {
             let w = build(Some(name), None, 256, Some(n), &s).unwrap();
             assert_eq!(w.sessions.len(), n, "{name}");
