@@ -14,7 +14,7 @@
 //! every prompt fits `max_prompt`.
 //! Must not: share a user part between requests, or let one tenant's prompt prefix another's.
 
-use super::{Rng, Session, Shape, Turn, Workload};
+use super::sessions::{Rng, Session, Shape, Turn, Workload};
 
 /// The knobs of the `tenants` generator.
 #[derive(Clone, Debug)]
