@@ -2,11 +2,12 @@
 
     python3 bench/matrix.py bench/out [bench/out/MORE ...]
 
-One row per cell (workload.preset.pool.load) and router: reuse, the arrival-time oracle, TTFT
+One row per cell (workload.preset.pool.load, with ` ×N` when the router ran as N replicas behind
+a balancer: the JSON's per-target `replicas`) and router: reuse, the arrival-time oracle, TTFT
 p50/p99 (engine time), inter-token latency and end-to-end latency p50 (client time),
 failures, as means over the repeated runs with their range (the runs of every directory
 given); then, per cell, kvroute hybrid-aware against the best peer (SMG and vllm-router
-policies). Writes the table to the first directory's matrix.md too.
+policies, SMG's mesh among them). Writes the table to the first directory's matrix.md too.
 """
 import collections
 import json
@@ -14,8 +15,8 @@ import pathlib
 import statistics
 import sys
 
-PEERS = ("smg-cache", "vr-cache", "vr-kv")
-ORDER = ("kvroute-hybrid", "kvroute-blind", "smg-cache", "vr-cache", "vr-kv", "round-robin")
+PEERS = ("smg-cache", "smg-mesh", "vr-cache", "vr-kv")
+ORDER = ("kvroute-hybrid", "kvroute-blind", "smg-cache", "smg-mesh", "vr-cache", "vr-kv", "round-robin")
 
 
 def load(outs):
@@ -26,8 +27,11 @@ def load(outs):
         if len(parts) != 7:
             continue
         cell, router = ".".join(parts[:4]), parts[4]
-        doc = json.loads(p.read_text())
-        runs[(cell, router)].append(doc["targets"][0])
+        target = json.loads(p.read_text())["targets"][0]
+        replicas = len(target.get("replicas") or [None])
+        if replicas > 1:
+            cell += f" ×{replicas}"
+        runs[(cell, router)].append(target)
     return runs
 
 

@@ -7,6 +7,8 @@
 #   bash bench/peers.sh --workloads multi-turn --presets gemma3 --pools tight --loads high --repeat 3
 #   bash bench/peers.sh --workloads agentic --sessions 200 --requests 2000 ...   # a longer run of a generator
 #   bash bench/peers.sh --presets llama --pools 400 ...   # a pool of 400 blocks per worker
+#   bash bench/peers.sh --replicas 3 --routers kvroute-hybrid,smg-cache,smg-mesh --workloads tenants \
+#     --presets qwen3-next --pools tight --loads high --out bench/out-r3   # three replicas per router
 #
 # Installs SMG (smg==1.13.0) and vllm-router (vllm-router==0.1.17) from PyPI into venvs of
 # their own under $PEERS_VENVS (default .peers/), builds kvroute, then for every cell and
@@ -18,6 +20,21 @@
 # its own --out); SIM_ARGS adds flags to every `kvroute sim-worker` (e.g. a CPU tier:
 # SIM_ARGS="--kv-offloading-slots 4800"). Not part of the test command: it installs from PyPI
 # and takes minutes to hours.
+#
+# Replicas (--replicas N, default 1, at most 10): N processes of the router, each its own
+# gateway in front of the same fleet (kvroute replicas each subscribe to every engine's events;
+# vr-kv replicas too), all passed to `kvroute bench` as one target joined by + and balanced
+# round robin per request (a multi-turn conversation is not pinned to a replica). Replica r
+# (from 0) listens on 18080 + 2r (18080, 18082, 18084, …); kvroute's admin listener is the port
+# above it (18081 + 2r); SMG's and vllm-router's Prometheus port is 18400 + r; smg-mesh's mesh
+# port is 18500 + r. Simulated workers use 18100 + i (HTTP), 18200 + i (ZMQ events) and
+# 18300 + i (replay). Every one of these ports must be free before the script starts and is free
+# again after each run. `smg-mesh` is SMG's cache_aware policy with its mesh on
+# (--enable-mesh, --mesh-port, --mesh-peer-urls listing every other replica), so the replicas
+# share what they learn; `smg-cache` replicas run without it. kvroute's /admin/workers and
+# /metrics are saved per replica (replica 0 as before, replica r as RUN.rR.workers.json and
+# RUN.rR.metrics.prom). Runs with another replica count belong in their own --out (the JSON
+# file names do not carry it; bench/matrix.py reads it from the JSON and marks the cell ×N).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,16 +47,19 @@ SPEEDUP=1
 REQUESTS=400
 SESSIONS=
 REPEAT=1
+REPLICAS=1
 WORKLOADS="mooncake shared-prefix multi-turn agentic"
 PRESETS="qwen3-next gemma3 llama"
 POOLS="roomy tight"
 LOADS="low high"
 ROUTERS="kvroute-hybrid kvroute-blind smg-cache vr-cache vr-kv round-robin"
+# (also: smg-mesh, SMG's cache_aware with its mesh; it needs --replicas 2 or more to matter)
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) WORKLOADS="mooncake shared-prefix multi-turn agentic"; PRESETS=qwen3-next; POOLS=tight; LOADS=high; shift ;;
     --out) OUT=$2; shift 2 ;;
     --repeat) REPEAT=$2; shift 2 ;;
+    --replicas) REPLICAS=$2; shift 2 ;;
     --requests) REQUESTS=$2; shift 2 ;;
     --sessions) SESSIONS=$2; shift 2 ;;
     --speedup) SPEEDUP=$2; shift 2 ;;
@@ -52,6 +72,10 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+case "$REPLICAS" in
+  [1-9]|10) ;;
+  *) echo "--replicas $REPLICAS: give 1 to 10" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT" "$OUT/logs"
 
 # --- install -------------------------------------------------------------------------------
@@ -84,9 +108,12 @@ align() { case "$1" in qwen3-next) echo 544 ;; *) echo 16 ;; esac; }
 # time model (60 µs a token: ~16,700 tokens/s each) — low ≈ 0.35×, high ≈ 1× (only a router
 # that reuses keeps up). Mean prompt tokens per session: mooncake 6.5k (one request, 256 tokens
 # per block id), shared-prefix 2.2k (one request), multi-turn ~8.3k (5.5 turns), agentic ~29k
-# (6.5 steps over a 3k-token system prompt).
+# (6.5 steps over a 3k-token system prompt), tenants ~3.3k (one request: a ~3k-token tenant
+# system prompt and a 100–300-token user part; the generator's rate rises from 0.5× to 1.5× of
+# this mean over the run, so `high` ends above the fleet's capacity).
 rate() { # workload load
   case "$1/$2" in
+    tenants/low) echo 7 ;;       tenants/high) echo 20 ;;
     mooncake/low) echo 3.5 ;;    mooncake/high) echo 10 ;;
     shared-prefix/low) echo 10 ;; shared-prefix/high) echo 30 ;;
     multi-turn/low) echo 2.8 ;;  multi-turn/high) echo 8 ;;
@@ -96,19 +123,28 @@ rate() { # workload load
 
 PIDS=()
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# Every port a run listens on: each router replica's (front, admin, Prometheus, mesh) and each
+# simulated worker's HTTP port.
+ports() {
+  local r
+  for ((r = 0; r < REPLICAS; r++)); do
+    echo $((18080 + 2 * r)) $((18081 + 2 * r)) $((18400 + r)) $((18500 + r))
+  done
+  seq 18100 $((18100 + WORKERS - 1))
+}
 cleanup() {
   local p i
   for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   PIDS=()
   # Nothing may survive into the next run: every port must be free again.
-  for port in 18080 $(seq 18100 $((18100 + WORKERS - 1))); do
+  for port in $(ports); do
     for ((i = 0; i < 100; i++)); do port_free "$port" && break; sleep 0.1; done
     port_free "$port" || { echo "port $port still in use after a run" >&2; exit 1; }
   done
 }
 trap cleanup EXIT
-for port in 18080 18081 18090 $(seq 18100 $((18100 + WORKERS - 1))); do
+for port in $(ports); do
   port_free "$port" || { echo "port $port is in use: stop what listens there first" >&2; exit 1; }
 done
 
@@ -133,31 +169,56 @@ start_fleet() { # preset blocks
   for ((i = 0; i < WORKERS; i++)); do wait_http "http://127.0.0.1:$((18100 + i))/health" 20; done
 }
 
-start_router() { # router preset
-  local urls=() kvsrc=() kvw=() i
+# Replica $3 of router $1 in front of the fleet (preset $2), in the background.
+start_replica() { # router preset replica
+  local urls=() kvsrc=() kvw=() peers=() mesh=() i log
+  local port=$((18080 + 2 * $3)) admin=$((18081 + 2 * $3)) prom=$((18400 + $3))
   for ((i = 0; i < WORKERS; i++)); do
     urls+=("http://127.0.0.1:$((18100 + i))")
     kvsrc+=(--kv-event-source "http://127.0.0.1:$((18100 + i))=tcp://127.0.0.1:$((18200 + i))")
     kvw+=(--worker "name=w$i,url=http://127.0.0.1:$((18100 + i)),model=$2,events=tcp://*:$((18200 + i)),replay=tcp://*:$((18300 + i))")
   done
+  # smg-mesh: every replica lists every other one's mesh port.
+  for ((i = 0; i < REPLICAS; i++)); do
+    if [ "$i" -ne "$3" ]; then peers+=("127.0.0.1:$((18500 + i))"); fi
+  done
+  if [ ${#peers[@]} -gt 0 ]; then mesh=(--mesh-peer-urls "${peers[@]}"); fi
+  log="$OUT/logs/router-$1.log"
+  if [ "$3" -gt 0 ]; then log="$OUT/logs/router-$1.r$3.log"; fi
   case "$1" in
-    kvroute-hybrid) exec "$KV" serve --listen 127.0.0.1:18080 --admin-listen 127.0.0.1:18081 --policy hybrid-aware ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
-    kvroute-blind) exec "$KV" serve --listen 127.0.0.1:18080 --admin-listen 127.0.0.1:18081 --policy group-blind ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
-    round-robin) exec "$KV" serve --listen 127.0.0.1:18080 --admin-listen 127.0.0.1:18081 --policy round-robin "${kvw[@]}" ;;
-    smg-cache) exec "$VENVS/smg/bin/smg" launch --host 127.0.0.1 --port 18080 --prometheus-host 127.0.0.1 \
-      --prometheus-port 18090 --worker-urls "${urls[@]}" --policy cache_aware --health-check-interval-secs 5 \
+    kvroute-hybrid) exec "$KV" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --policy hybrid-aware ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
+    kvroute-blind) exec "$KV" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --policy group-blind ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
+    round-robin) exec "$KV" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --policy round-robin "${kvw[@]}" ;;
+    smg-cache) exec "$VENVS/smg/bin/smg" launch --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+      --prometheus-port "$prom" --worker-urls "${urls[@]}" --policy cache_aware --health-check-interval-secs 5 \
       --load-monitor-interval 5 --shutdown-grace-period-secs 1 ;;
-    vr-cache) exec "$VENVS/vr/bin/vllm-router" --host 127.0.0.1 --port 18080 --prometheus-host 127.0.0.1 \
-      --prometheus-port 18090 --worker-urls "${urls[@]}" --policy cache_aware --health-check-interval-secs 5 ;;
-    vr-kv) exec "$VENVS/vr/bin/vllm-router" --host 127.0.0.1 --port 18080 --prometheus-host 127.0.0.1 \
-      --prometheus-port 18090 --worker-urls "${urls[@]}" --policy kv_aware "${kvsrc[@]}" \
+    smg-mesh) exec "$VENVS/smg/bin/smg" launch --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+      --prometheus-port "$prom" --worker-urls "${urls[@]}" --policy cache_aware --health-check-interval-secs 5 \
+      --load-monitor-interval 5 --shutdown-grace-period-secs 1 --enable-mesh --mesh-server-name "smg-$3" \
+      --mesh-host 127.0.0.1 --mesh-port $((18500 + $3)) "${mesh[@]}" ;;
+    vr-cache) exec "$VENVS/vr/bin/vllm-router" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+      --prometheus-port "$prom" --worker-urls "${urls[@]}" --policy cache_aware --health-check-interval-secs 5 ;;
+    vr-kv) exec "$VENVS/vr/bin/vllm-router" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+      --prometheus-port "$prom" --worker-urls "${urls[@]}" --policy kv_aware "${kvsrc[@]}" \
       --kv-event-model "$2" --kv-event-block-size "$(align "$2")" --health-check-interval-secs 5 ;;
     *) echo "unknown router $1" >&2; return 1 ;;
-  esac >"$OUT/logs/router-$1.log" 2>&1 &
+  esac >"$log" 2>&1 &
   PIDS+=($!)
-  wait_http "http://127.0.0.1:18080/v1/models" 60
-  # Let registration, health checks and event subscriptions settle.
+}
+
+start_router() { # router preset
+  local r
+  for ((r = 0; r < REPLICAS; r++)); do start_replica "$1" "$2" "$r"; done
+  for ((r = 0; r < REPLICAS; r++)); do wait_http "http://127.0.0.1:$((18080 + 2 * r))/v1/models" 60; done
+  # Let registration, health checks, event subscriptions and meshes settle.
   sleep 3
+}
+
+# The bench target: every replica's URL, joined by + (one balanced target).
+target() {
+  local r t=""
+  for ((r = 0; r < REPLICAS; r++)); do t+="${t:++}http://127.0.0.1:$((18080 + 2 * r))"; done
+  echo "$t"
 }
 
 for rep in $(seq 1 "$REPEAT"); do
@@ -172,16 +233,26 @@ for rep in $(seq 1 "$REPEAT"); do
             start_fleet "$preset" "$(blocks "$preset" "$pool")"
             start_router "$router" "$preset"
             engines=$(seq -s, -f "http://127.0.0.1:%g" 18100 $((18100 + WORKERS - 1)))
-            "$KV" bench --target http://127.0.0.1:18080 --model "$preset" --workload "$wl" --engine-urls "$engines" \
+            # tenants: one request per session, so the run spans the generator's whole rising
+            # rate unless --sessions says otherwise.
+            sessions=$SESSIONS
+            if [ -z "$sessions" ] && [ "$wl" = tenants ]; then sessions=$REQUESTS; fi
+            # The table's row (and, with replicas, each replica's line).
+            "$KV" bench --target "$(target)" --model "$preset" --workload "$wl" --engine-urls "$engines" \
               --tokens-per-block 256 --prompt-format text --speedup "$SPEEDUP" --time-scale "$SPEEDUP" \
               --rate "$(rate "$wl" "$load")" --max-requests "$REQUESTS" --block-size "$(align "$preset")" \
-              ${SESSIONS:+--sessions "$SESSIONS"} --timeout 120 --quiet --json "$json" --requests-log "${json%.json}.requests.jsonl" | sed -n 2p
+              ${sessions:+--sessions "$sessions"} --timeout 120 --quiet --json "$json" \
+              --requests-log "${json%.json}.requests.jsonl" | sed -n '2,/^$/{/^$/!p}'
             # kvroute's learned models (GET /admin/workers) and its metrics (the TTFT prediction
-            # error histograms: bench/prederr.py) at the end of the run.
+            # error histograms: bench/prederr.py) at the end of the run, per replica.
             case "$router" in
               kvroute-*)
-                curl -sf -o "${json%.json}.workers.json" http://127.0.0.1:18081/admin/workers || true
-                curl -sf -o "${json%.json}.metrics.prom" http://127.0.0.1:18081/metrics || true ;;
+                for ((r = 0; r < REPLICAS; r++)); do
+                  saved="${json%.json}"
+                  if [ "$r" -gt 0 ]; then saved="$saved.r$r"; fi
+                  curl -sf -o "$saved.workers.json" "http://127.0.0.1:$((18081 + 2 * r))/admin/workers" || true
+                  curl -sf -o "$saved.metrics.prom" "http://127.0.0.1:$((18081 + 2 * r))/metrics" || true
+                done ;;
             esac
             cleanup
             sleep 1

@@ -13,12 +13,24 @@ use std::time::Duration;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Where to send requests: a URL (kvroute, SMG, vllm-router, vLLM, a simulated worker), or
-    /// kvroute:POLICY (an in-process gateway on a fresh --fleet), or kvroute:POLICY/PpDd (the
-    /// fleet split into P prefill and D decode workers, e.g. kvroute:hybrid-aware/2p2d, served
-    /// in two legs). Repeat for a side-by-side table.
+    /// Where to send requests: a URL (kvroute, SMG, vllm-router, vLLM, a simulated worker);
+    /// several URLs joined by + for the replicas of one router behind a balancer
+    /// (http://a:8080+http://b:8080+http://c:8080, balanced by --balance); kvroute:POLICY
+    /// (in-process gateways, --replicas of them, on a fresh --fleet); or kvroute:POLICY/PpDd
+    /// (the fleet split into P prefill and D decode workers, e.g. kvroute:hybrid-aware/2p2d,
+    /// served in two legs). Repeat for a side-by-side table.
     #[arg(long = "target", required = true)]
     targets: Vec<String>,
+    /// Gateway replicas of each kvroute:POLICY target, started on the same fleet, each
+    /// subscribed to every worker's events as separate kvroute processes are. A URL target
+    /// names its replicas itself (joined by +); with one URL this is an error.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// How a target's replicas share the requests, decided per request (no session pinning,
+    /// as an L4/L7 balancer does): round-robin (request k to replica k mod N) or random
+    /// (seeded by --seed).
+    #[arg(long, default_value = "round-robin")]
+    balance: String,
     /// The model name to request (default: the fleet's preset, else the target's first model).
     #[arg(long)]
     model: Option<String>,
@@ -26,7 +38,9 @@ pub struct BenchArgs {
     /// fleet for every run).
     #[arg(long)]
     fleet: Option<String>,
-    /// A built-in workload: mooncake (the bundled trace), shared-prefix, multi-turn, agentic, rag.
+    /// A built-in workload: mooncake (the bundled trace), shared-prefix, multi-turn, agentic, rag,
+    /// tenants (many tenants' ~3k-token system prompts, Zipf-popular, under a rising arrival
+    /// rate).
     #[arg(long)]
     workload: Option<String>,
     /// A Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids).
@@ -45,7 +59,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Sessions a built-in generator makes (multi-turn conversations, agentic tasks, rag
-    /// queries, shared-prefix requests): a longer or shorter run of the same workload.
+    /// queries, shared-prefix or tenants requests): a longer or shorter run of the same
+    /// workload.
     #[arg(long)]
     sessions: Option<usize>,
     /// Arrivals (and a --fleet's engine) this many times faster than the schedule.
@@ -156,8 +171,14 @@ impl BenchArgs {
             "chat" => Api::Chat,
             other => bail!("--api {other}: use completions or chat"),
         };
+        let balance = self
+            .balance
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--{e}"))?;
         Ok(BenchOptions {
             targets,
+            replicas: self.replicas,
+            balance,
             model: self.model,
             fleet: self.fleet.as_deref().map(FleetSpec::parse).transpose()?,
             workload: self.workload,

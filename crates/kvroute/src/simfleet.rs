@@ -1,13 +1,16 @@
 //! A simulated fleet with a kvroute gateway in front, in process on loopback: what `kvroute
 //! demo` and `kvroute bench --fleet` run each policy on.
 //!
-//! Owns: [`SimGateway`] (fresh simulated workers publishing real ZMQ events, the gateway
-//! subscribed to every one, its URL), the fleet's layout (every worker serving requests whole,
+//! Owns: [`SimGateway`] (fresh simulated workers publishing real ZMQ events, one or more
+//! gateway replicas each subscribed to every one, as separate kvroute processes would be, and
+//! their URLs), the fleet's layout (every worker serving requests whole,
 //! or [`PdLayout`]: prefill workers that are NixlConnector KV producers and decode workers that
 //! are KV consumers, with the gateway's worker roles to match) and the choice of cost model for
 //! simulated time.
-//! Invariants: every start is a fresh fleet (no policy inherits another's cache); the gateway
-//! connects to the workers' bound event sockets; a disaggregated layout has at least one worker
+//! Invariants: every start is a fresh fleet (no policy inherits another's cache); every
+//! gateway replica connects to the workers' bound event sockets (a PUB socket serves any number
+//! of subscribers, the replay socket any number of clients) and shares nothing else with the
+//! others; a disaggregated layout has at least one worker
 //! of each role and as many workers in all as an aggregated one; a fleet simulated faster than
 //! real time ranks by the token cost unless told otherwise (the gateway learns TTFT from its own
 //! clock, which cannot see a compressed engine's prefill).
@@ -67,14 +70,19 @@ impl PdLayout {
 }
 
 pub struct SimGateway {
+    /// The first replica's URL.
     pub url: String,
-    pub gateway: GatewayHandle,
+    /// Every replica's URL, in start order.
+    pub urls: Vec<String>,
+    pub gateways: Vec<GatewayHandle>,
     pub fleet: kvroute_sim::Fleet,
 }
 
 impl SimGateway {
     pub async fn stop(self) {
-        self.gateway.shutdown().await;
+        for g in self.gateways {
+            g.shutdown().await;
+        }
         drop(self.fleet);
     }
 }
@@ -146,6 +154,17 @@ pub async fn start(
     policy: PolicyKind,
     weights: PolicyWeights,
 ) -> Result<SimGateway> {
+    start_replicas(shape, policy, weights, 1).await
+}
+
+/// Starts a fresh fleet and `replicas` (at least one) independent gateways with `policy` and
+/// `weights` in front of it, every one subscribed to every worker's events.
+pub async fn start_replicas(
+    shape: &FleetShape,
+    policy: PolicyKind,
+    weights: PolicyWeights,
+    replicas: usize,
+) -> Result<SimGateway> {
     let (fleet, roles) = start_fleet(shape).await?;
     let mut g = GatewayConfig {
         listen: "127.0.0.1:0".parse()?,
@@ -167,12 +186,28 @@ pub async fn start(
         });
         g.workers.push(spec);
     }
-    let gateway = Gateway::start(g).await?;
+    let mut gateways = Vec::with_capacity(replicas.max(1));
+    for _ in 0..replicas.max(1) {
+        match Gateway::start(g.clone()).await {
+            Ok(gw) => gateways.push(gw),
+            Err(e) => {
+                for gw in gateways {
+                    gw.shutdown().await;
+                }
+                return Err(e);
+            }
+        }
+    }
     // Let the subscriptions connect before the first request.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let urls: Vec<String> = gateways
+        .iter()
+        .map(|gw| format!("http://{}", gw.addr))
+        .collect();
     Ok(SimGateway {
-        url: format!("http://{}", gateway.addr),
-        gateway,
+        url: urls.first().cloned().unwrap_or_default(),
+        urls,
+        gateways,
         fleet,
     })
 }

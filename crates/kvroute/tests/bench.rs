@@ -1,12 +1,15 @@
 //! `kvroute bench` over real sockets: its figures equal hand-computed ones against a simulated
 //! worker, it keeps the arrival schedule against a target that answers only once every
 //! request is in flight (an open loop), and it counts every failure
-//! class; multi-turn sessions send the reply back and reuse it.
+//! class; multi-turn sessions send the reply back and reuse it; a target's replicas — gateways
+//! the command starts on one fleet, or URLs joined by `+` — share the requests as the balancer
+//! says, per request, and the report counts what each served.
 
 use axum::body::Body;
 use axum::response::Response;
 use axum::routing::post;
 use bytes::Bytes;
+use kvroute::bench::balance::{Balance, Balancer};
 use kvroute::bench::client::{drive, Api, ClientOptions, PromptFormat};
 use kvroute::bench::workload::{Session, Turn, Workload};
 use kvroute::bench::{report, BenchOptions, Target};
@@ -16,7 +19,9 @@ use std::time::Duration;
 
 fn options(url: &str) -> ClientOptions {
     ClientOptions {
-        url: url.to_string(),
+        urls: vec![url.to_string()],
+        balance: Balance::RoundRobin,
+        seed: 1,
         model: "m".into(),
         api: Api::Completions,
         format: PromptFormat::Tokens,
@@ -445,4 +450,166 @@ async fn a_disaggregated_layout_is_benched_beside_the_aggregated_fleet_on_one_cl
     };
     let err = kvroute::bench::run(wrong).await.unwrap_err().to_string();
     assert!(err.contains("2p2d"), "{err}");
+}
+
+/// The requests log's lines as JSON.
+fn log_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateway_replicas_on_one_fleet_share_every_request_round_robin() {
+    let dir = std::env::temp_dir().join(format!("kvroute-bench-rep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, log) = (dir.join("out.json"), dir.join("requests.jsonl"));
+    let opts = BenchOptions {
+        targets: vec![Target::parse("kvroute:hybrid-aware").unwrap()],
+        replicas: 3,
+        fleet: Some(kvroute::bench::FleetSpec::parse("llama,2,0").unwrap()),
+        workload: Some("multi-turn".into()),
+        sessions: Some(4),
+        rate: Some(8.0),
+        speedup: 20.0,
+        max_output: 8,
+        json: Some(json.clone()),
+        requests_log: Some(log.clone()),
+        progress: false,
+        ..BenchOptions::default()
+    };
+    // The workload the command builds: llama's length less the output and its margin.
+    let shape = kvroute::bench::workload::Shape {
+        vocab: kvroute_sim::preset("llama").unwrap().vocab_size,
+        max_prompt: kvroute_sim::preset("llama").unwrap().max_model_len as usize - 16,
+        max_output: 8,
+        seed: 1,
+    };
+    let n = kvroute::bench::workload::build(Some("multi-turn"), None, 512, Some(4), &shape)
+        .unwrap()
+        .requests();
+    let reports = kvroute::bench::run(opts).await.unwrap();
+    let r = &reports[0];
+    assert_eq!((r.requests, r.failed), (n, 0), "every request answered");
+    let counts: Vec<usize> = r.replicas.iter().map(|x| x.requests).collect();
+    assert_eq!(counts.len(), 3);
+    assert_eq!(counts.iter().sum::<usize>(), n);
+    for c in &counts {
+        assert!(
+            *c == n / 3 || *c == n.div_ceil(3),
+            "{counts:?} of {n}: round robin gives each ⌊n/3⌋ or ⌈n/3⌉"
+        );
+    }
+    assert!(r.replicas.iter().all(|x| x.failed == 0));
+    assert!(r.ttft_mean_ms > 0.0);
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let t = &doc["targets"][0];
+    assert!(
+        t["ttft_mean_ms"].as_f64().unwrap() > 0.0,
+        "the JSON has the mean TTFT"
+    );
+    assert_eq!(t["replicas"].as_array().unwrap().len(), 3);
+    assert_eq!(t["replicas"][1]["requests"], counts[1]);
+    assert_eq!(doc["balance"], "round-robin");
+    // Balanced per request, not per session: some conversation's turns met several replicas.
+    let mut seen: std::collections::HashMap<u64, std::collections::HashSet<u64>> =
+        Default::default();
+    for l in log_lines(&log) {
+        let (session, replica) = (
+            l["session"].as_u64().unwrap(),
+            l["replica"].as_u64().unwrap(),
+        );
+        seen.entry(session).or_default().insert(replica);
+    }
+    assert!(seen.values().any(|r| r.len() > 1), "{seen:?}");
+}
+
+/// The value a Prometheus text exposition gives `name`, summed over its labels.
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_target_naming_three_replicas_is_balanced_at_random_by_the_seed() {
+    // Three separate gateways in front of one simulated fleet, as three kvroute processes.
+    let shape = kvroute::simfleet::FleetShape {
+        preset: "llama".into(),
+        workers: 2,
+        blocks: 0,
+        speedup: 20.0,
+        pd: None,
+    };
+    let weights = kvroute::gateway::config::PolicyWeights {
+        cost: kvroute::gateway::config::CostModel::Tokens,
+        ..Default::default()
+    };
+    let gws = kvroute::simfleet::start_replicas(
+        &shape,
+        kvroute_route::PolicyKind::HybridAware,
+        weights,
+        3,
+    )
+    .await
+    .unwrap();
+    let target = gws.urls.join("+");
+    let seed = 9;
+    let opts = BenchOptions {
+        targets: vec![Target::parse(&target).unwrap()],
+        balance: Balance::Random,
+        seed,
+        model: Some("llama".into()),
+        workload: Some("tenants".into()),
+        sessions: Some(24),
+        max_prompt: Some(4000),
+        rate: Some(40.0),
+        speedup: 20.0,
+        time_scale: 20.0,
+        max_output: 4,
+        progress: false,
+        ..BenchOptions::default()
+    };
+    let r = kvroute::bench::run(opts).await.unwrap().remove(0);
+    assert_eq!((r.requests, r.failed), (24, 0));
+    assert_eq!(r.target, target);
+    // Random picks depend on the seed alone: the run's first 24 picks, whatever their order.
+    let b = Balancer::new(Balance::Random, 3, seed);
+    let mut want = [0; 3];
+    for _ in 0..24 {
+        want[b.pick()] += 1;
+    }
+    let got: Vec<usize> = r.replicas.iter().map(|x| x.requests).collect();
+    assert_eq!(got, want);
+    // And each gateway decided exactly the requests the report files under it.
+    let client = reqwest::Client::new();
+    for (x, url) in r.replicas.iter().zip(&gws.urls) {
+        assert_eq!(&x.url, url);
+        let text = client
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(
+            metric_sum(&text, "kvroute_decisions_total") as usize,
+            x.requests,
+            "{url}"
+        );
+    }
+    gws.stop().await;
+    // One URL is one replica: --replicas cannot multiply it.
+    let one = BenchOptions {
+        targets: vec![Target::parse("http://127.0.0.1:9").unwrap()],
+        replicas: 3,
+        progress: false,
+        ..BenchOptions::default()
+    };
+    let err = kvroute::bench::run(one).await.unwrap_err().to_string();
+    assert!(err.contains("--replicas 3") && err.contains('+'), "{err}");
 }

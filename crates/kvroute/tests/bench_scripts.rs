@@ -172,6 +172,36 @@ fn matrix_tabulates_the_mean_and_range_of_each_routers_runs_and_kvroute_against_
 }
 
 #[test]
+fn matrix_marks_a_cell_run_as_replicas_and_counts_smg_mesh_as_a_peer() {
+    let d = Scratch::new("matrix-replicas");
+    let run = |reuse, p50, replicas: usize| {
+        let per_replica: Vec<Value> = (0..replicas)
+            .map(|k| json!({ "replica": k, "requests": 10, "failed": 0 }))
+            .collect();
+        summary(
+            json!({ "reuse": reuse, "oracle_reuse": 0.8, "ttft_p50_ms": p50,
+            "ttft_p99_ms": 2 * p50, "itl_ms": { "p50": 10 }, "e2e_ms": { "p50": 4 * p50 },
+            "throughput_rps": 2.0, "failed": 0, "replicas": per_replica }),
+        )
+    };
+    d.write("kvroute-hybrid.1.json", &run(0.6, 100, 3));
+    d.write("smg-mesh.1.json", &run(0.5, 200, 3));
+    // One replica is the plain cell.
+    d.write_as("tiny.llama.tight.high.smg-cache.1.json", &run(0.2, 50, 1));
+    let out = python("matrix.py", &[&d.path()]);
+    let want = [
+        "| tiny.llama.tight.high | smg-cache | 1 | 20.0 | 80.0 | 50 | 100 | 10.0 | 200 | 2.0 | – | 0 |",
+        "| tiny.llama.tight.low ×3 | kvroute-hybrid | 1 | 60.0 | 80.0 | 100 | 200 | 10.0 | 400 | 2.0 | – | 0 |",
+        "| tiny.llama.tight.low ×3 | smg-mesh | 1 | 50.0 | 80.0 | 200 | 400 | 10.0 | 800 | 2.0 | – | 0 |",
+        // 100 / 200, 200 / 400, 400 / 800; 60 − 50 pts; 60 / 80; no blind run.
+        "| tiny.llama.tight.low ×3 | 0.50 | 0.50 | 0.50 | +10.0 | 75 % | – |",
+    ];
+    for line in want {
+        assert!(out.contains(line), "{line}\n{out}");
+    }
+}
+
+#[test]
 fn paired_reports_the_geometric_mean_of_per_request_ttft_ratios_over_the_requests_both_served() {
     let d = Scratch::new("paired");
     // Engine TTFT ms. kvroute / smg-cache: 1/2, 32, 2, 2, 2, 2, 1.05, 1/1.05, product 2^8,

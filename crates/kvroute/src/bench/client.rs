@@ -4,14 +4,16 @@
 //! Owns: [`Api`] and [`PromptFormat`] (how a prompt is spelled on the wire), [`Outcome`] (one
 //! request's result: status or failure class, client-measured TTFT / inter-token gaps /
 //! end-to-end time, the engine's own times when it reports them, usage, the token view the
-//! oracle reads), and [`drive`], which schedules every session at its start time, sends each
-//! turn after the previous reply plus its think time, fires branches beside their turn, and
+//! oracle reads, the replica that served it), and [`drive`], which schedules every session at
+//! its start time, sends each turn after the previous reply plus its think time, fires branches
+//! beside their turn, sends each request to the replica the balancer picks as it leaves, and
 //! honours `max_concurrency`, `max_requests` and `duration`.
 //! Invariants: the schedule is kept whatever the target does (open loop: a slow reply delays
 //! only its own session's next turn; a session whose turn failed stops there); every request
 //! ends in exactly one outcome; nothing a target answers can panic the client.
 //! Must not: retry, or change the workload.
 
+use super::balance::{Balance, Balancer};
 use super::workload::{Session, Workload};
 use futures_util::StreamExt;
 use kvroute_sim::tokens::{self, Message, BOS};
@@ -38,7 +40,12 @@ pub enum PromptFormat {
 /// How requests are sent.
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
-    pub url: String,
+    /// The target's replicas (one for a plain target): each request goes to the one `balance`
+    /// picks when it is sent.
+    pub urls: Vec<String>,
+    pub balance: Balance,
+    /// Seeds a random balance.
+    pub seed: u64,
     pub model: String,
     pub api: Api,
     pub format: PromptFormat,
@@ -61,6 +68,9 @@ pub struct Outcome {
     pub session: usize,
     pub turn: usize,
     pub branch: bool,
+    /// The index (in `ClientOptions::urls`) of the replica it was sent to; `None` when it
+    /// never left.
+    pub replica: Option<usize>,
     /// Seconds from the run's start to the send.
     pub sent_at_s: f64,
     /// `None` when it completed; else the failure class (`http_500`, `connect`, `timeout`,
@@ -237,6 +247,7 @@ fn absorb(out: &mut Outcome, v: &Value, chat: bool) -> bool {
 async fn send(
     client: &reqwest::Client,
     o: &ClientOptions,
+    url: &str,
     h: &History,
     max_tokens: u32,
     out: &mut Outcome,
@@ -246,7 +257,7 @@ async fn send(
     out.tokens = view;
     let chat = o.api == Api::Chat;
     let start = Instant::now();
-    let mut req = client.post(format!("{}{path}", o.url)).json(&body);
+    let mut req = client.post(format!("{url}{path}")).json(&body);
     if o.explain {
         req = req.header("x-kvroute-explain", "1");
     }
@@ -324,6 +335,7 @@ struct Run {
     start: Instant,
     sent: AtomicUsize,
     limit: Option<Arc<Semaphore>>,
+    balancer: Balancer,
     bar: indicatif::ProgressBar,
 }
 
@@ -366,8 +378,14 @@ impl Run {
             },
             None => None,
         };
+        let replica = self.balancer.pick();
+        let Some(url) = self.opts.urls.get(replica) else {
+            out.failure = Some("connect".into());
+            return out;
+        };
+        out.replica = Some(replica);
         out.sent_at_s = self.start.elapsed().as_secs_f64();
-        send(&self.client, &self.opts, h, max_tokens, &mut out).await;
+        send(&self.client, &self.opts, url, h, max_tokens, &mut out).await;
         self.bar.inc(1);
         out
     }
@@ -431,6 +449,7 @@ pub async fn drive(
         limit: opts
             .max_concurrency
             .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+        balancer: Balancer::new(opts.balance, opts.urls.len(), opts.seed),
         opts,
         client,
         start: Instant::now(),

@@ -3,19 +3,22 @@
 //! reports reuse against the arrival-time oracle, TTFT, inter-token and end-to-end latency and
 //! throughput, one target beside the other.
 //!
-//! Owns: [`BenchOptions`], [`Target`] (a URL, or `kvroute:POLICY[/PpDd]`: an in-process gateway
-//! on a fresh simulated fleet that `--fleet PRESET,N,BLOCKS` describes, every worker serving
+//! Owns: [`BenchOptions`], [`Target`] (a URL, several URLs joined by `+` — the replicas of one
+//! router behind a balancer — or `kvroute:POLICY[/PpDd]`: `--replicas` in-process gateways on
+//! a fresh simulated fleet that `--fleet PRESET,N,BLOCKS` describes, every worker serving
 //! whole or, with `/PpDd`, P prefill and D decode workers), the per-target runs
 //! (targets interleaved across `--repeat` rounds, every `kvroute:` run on a fresh fleet), and
 //! the outputs (table, JSON, requests log, plot).
-//! Invariants: every target sees the same workload with the same schedule; a URL target is
-//! used as it is (the caller starts what is behind it fresh, as `bench/peers.sh` does);
+//! Invariants: every target sees the same workload with the same schedule, balanced over its
+//! replicas per request (`--balance`; a conversation's turns are not pinned to one replica);
+//! a URL target is used as it is (the caller starts what is behind it fresh, as `bench/peers.sh` does);
 //! simulated fleets run engine time × `speedup`, so the schedule, the engine and the reported
 //! times share one clock; when any target is disaggregated (or `client_clock` asks) every
 //! target is timed by the client (the decode engine's own times would leave out the prefill
 //! leg), so the table compares one clock.
 //! Must not: tune the workload or the targets to one another.
 
+pub mod balance;
 pub mod client;
 pub mod engine;
 pub mod report;
@@ -23,7 +26,8 @@ pub mod workload;
 
 use crate::simfleet::{self, FleetShape, PdLayout, SimGateway};
 use anyhow::{bail, Context, Result};
-use client::{Api, ClientOptions, PromptFormat};
+use balance::Balance;
+use client::{Api, ClientOptions, Outcome, PromptFormat};
 use kvroute_route::PolicyKind;
 use report::TargetReport;
 use std::path::PathBuf;
@@ -33,6 +37,9 @@ use std::time::Duration;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Target {
     Url(String),
+    /// Several URLs, the replicas of one router: each request goes to the one the balancer
+    /// picks (spelled `http://a:1+http://b:2`).
+    Balanced(Vec<String>),
     /// A kvroute gateway with this policy, in process, in front of a fresh simulated fleet:
     /// every worker serving whole, or split into prefill and decode pools.
     Kvroute(PolicyKind, Option<PdLayout>),
@@ -53,18 +60,35 @@ impl Target {
                 .map_err(|e| anyhow::anyhow!("--target {s}: {e}"))?;
             return Ok(Target::Kvroute(policy, layout));
         }
-        if s.starts_with("http://") || s.starts_with("https://") {
-            return Ok(Target::Url(s.trim_end_matches('/').to_string()));
+        let url = |u: &str| -> Result<String> {
+            if u.starts_with("http://") || u.starts_with("https://") {
+                Ok(u.trim_end_matches('/').to_string())
+            } else {
+                bail!(
+                    "--target {s}: give a URL (http://host:port), replicas joined by + \
+                     (http://a:1+http://b:2), or kvroute:POLICY"
+                )
+            }
+        };
+        if s.contains('+') {
+            let urls = s.split('+').map(url).collect::<Result<Vec<_>>>()?;
+            return Ok(Target::Balanced(urls));
         }
-        bail!("--target {s}: give a URL (http://host:port) or kvroute:POLICY")
+        Ok(Target::Url(url(s)?))
     }
 
     pub fn label(&self) -> String {
         match self {
             Target::Url(u) => u.clone(),
+            Target::Balanced(us) => us.join("+"),
             Target::Kvroute(p, None) => format!("kvroute:{}", p.name()),
             Target::Kvroute(p, Some(l)) => format!("kvroute:{}/{}", p.name(), l.label()),
         }
+    }
+
+    /// A URL target (one or several replicas), not one the command starts.
+    pub fn is_url(&self) -> bool {
+        matches!(self, Target::Url(_) | Target::Balanced(_))
     }
 }
 
@@ -97,9 +121,15 @@ impl FleetSpec {
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
     pub targets: Vec<Target>,
+    /// Gateways a `kvroute:POLICY` target starts on its fleet (each subscribed to every
+    /// worker); a URL target names its replicas itself and must agree when this is above 1.
+    pub replicas: usize,
+    /// How requests are spread over a target's replicas (random: seeded by `seed`).
+    pub balance: Balance,
     pub model: Option<String>,
     pub fleet: Option<FleetSpec>,
-    /// A built-in generator (`shared-prefix`, `multi-turn`, `agentic`, `rag`, `mooncake`).
+    /// A built-in generator (`shared-prefix`, `multi-turn`, `agentic`, `rag`, `tenants`,
+    /// `mooncake`).
     pub workload: Option<String>,
     pub trace: Option<PathBuf>,
     pub tokens_per_block: usize,
@@ -155,6 +185,8 @@ impl Default for BenchOptions {
     fn default() -> Self {
         BenchOptions {
             targets: Vec::new(),
+            replicas: 1,
+            balance: Balance::RoundRobin,
             model: None,
             fleet: None,
             workload: None,
@@ -233,7 +265,7 @@ async fn start_kvroute(
         speedup: o.speedup,
         pd,
     };
-    simfleet::start(&shape, policy, weights).await
+    simfleet::start_replicas(&shape, policy, weights, o.replicas).await
 }
 
 fn shape(o: &BenchOptions) -> Result<workload::Shape> {
@@ -288,11 +320,38 @@ fn validate(o: &BenchOptions) -> Result<()> {
             }
         }
     }
+    validate_replicas(o)?;
     if o.api == Api::Chat && o.prompt_format == PromptFormat::Tokens {
         bail!("--api chat sends text: use --prompt-format text");
     }
     if !(o.speedup.is_finite() && o.speedup > 0.0) {
         bail!("--speedup must be positive");
+    }
+    Ok(())
+}
+
+fn validate_replicas(o: &BenchOptions) -> Result<()> {
+    if o.replicas == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    if o.replicas == 1 {
+        return Ok(());
+    }
+    for t in &o.targets {
+        match t {
+            Target::Url(u) => bail!(
+                "--replicas {n} with --target {u}: a URL target is one replica; name every \
+                 replica of it in one target joined by + (http://a:1+http://b:2+http://c:3)",
+                n = o.replicas
+            ),
+            Target::Balanced(us) if us.len() != o.replicas => bail!(
+                "--target {}: {} replicas, but --replicas is {}",
+                t.label(),
+                us.len(),
+                o.replicas
+            ),
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -315,11 +374,56 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
         o.max_requests,
         o.duration.map(|d| d.as_secs_f64() * 1000.0 * o.speedup),
     );
-    let block = block_size(&o);
     let planned = o.max_requests.map_or(w.requests(), |m| m.min(w.requests()));
     let rounds = o.repeat.max(1);
-    let bar = if o.progress {
-        indicatif::ProgressBar::new((planned * o.targets.len() * rounds) as u64)
+    let bar = progress_bar(o.progress, (planned * o.targets.len() * rounds) as u64);
+    eprintln!(
+        "kvroute bench: {} ({} sessions, {} requests), {} target(s) × {rounds}, arrivals ×{}{}{}",
+        w.name,
+        w.sessions.len(),
+        planned,
+        o.targets.len(),
+        o.speedup,
+        o.fleet
+            .as_ref()
+            .map(|f| format!(", fleet {} × {} (blocks {})", f.workers, f.preset, f.blocks))
+            .unwrap_or_default(),
+        if o.replicas > 1 {
+            format!(", {} replicas ({})", o.replicas, o.balance.name())
+        } else {
+            String::new()
+        }
+    );
+    let cx = RunContext {
+        client_clock: o.client_clock
+            || o.targets
+                .iter()
+                .any(|t| matches!(t, Target::Kvroute(_, Some(_)))),
+        block: block_size(&o),
+        o: &o,
+        w: &w,
+        vocab: shape.vocab,
+        bar: bar.clone(),
+    };
+    let mut per_target: Vec<Vec<TargetReport>> = vec![Vec::new(); o.targets.len()];
+    let mut log = Vec::new();
+    for round in 0..rounds {
+        for (t, out) in o.targets.iter().zip(per_target.iter_mut()) {
+            let (rep, lines) = run_target(&cx, t, round).await?;
+            log.extend(lines);
+            out.push(rep);
+        }
+    }
+    bar.finish_and_clear();
+    let reports: Vec<TargetReport> = per_target.into_iter().filter_map(report::combine).collect();
+    println!("{}", report::table(&reports));
+    write_outputs(&o, &reports, &log, &w.name)?;
+    Ok(reports)
+}
+
+fn progress_bar(show: bool, len: u64) -> indicatif::ProgressBar {
+    let bar = if show {
+        indicatif::ProgressBar::new(len)
     } else {
         indicatif::ProgressBar::hidden()
     };
@@ -330,95 +434,117 @@ pub async fn run(o: BenchOptions) -> Result<Vec<TargetReport>> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
-    eprintln!(
-        "kvroute bench: {} ({} sessions, {} requests), {} target(s) × {rounds}, arrivals ×{}{}",
-        w.name,
-        w.sessions.len(),
-        planned,
-        o.targets.len(),
-        o.speedup,
-        o.fleet
-            .as_ref()
-            .map(|f| format!(", fleet {} × {} (blocks {})", f.workers, f.preset, f.blocks))
-            .unwrap_or_default()
-    );
-    let client_clock = o.client_clock
-        || o.targets
-            .iter()
-            .any(|t| matches!(t, Target::Kvroute(_, Some(_))));
-    let mut per_target: Vec<Vec<TargetReport>> = vec![Vec::new(); o.targets.len()];
-    let mut log = Vec::new();
-    for round in 0..rounds {
-        for (t, out) in o.targets.iter().zip(per_target.iter_mut()) {
-            bar.set_message(t.label());
-            let (url, running, time_scale) = match t {
-                Target::Url(u) => (u.clone(), None, o.time_scale),
-                Target::Kvroute(p, pd) => {
-                    let f = o.fleet.as_ref().context("kvroute targets need --fleet")?;
-                    let r = start_kvroute(&o, f, *p, *pd).await?;
-                    (r.url.clone(), Some(r), o.speedup)
-                }
-            };
-            let model = match (&o.model, &o.fleet) {
-                (Some(m), _) => m.clone(),
-                (None, Some(f)) => f.preset.clone(),
-                (None, None) => discover_model(&url).await.unwrap_or_default(),
-            };
-            // Replies are tokenized (and chats rendered) for the oracle's view with the target
-            // model's vocabulary when it is a simulator preset, so the view is the engine's.
-            let vocab = kvroute_sim::preset(&model).map_or(shape.vocab, |m| m.vocab_size);
-            let copts = ClientOptions {
-                url,
-                model,
-                api: o.api,
-                format: o.prompt_format,
-                vocab,
-                speedup: o.speedup,
-                max_concurrency: o.max_concurrency,
-                max_requests: o.max_requests,
-                duration: o.duration,
-                request_timeout: o.request_timeout,
-                explain: matches!(t, Target::Kvroute(..)),
-            };
-            let engines = matches!(t, Target::Url(_)) && !o.engine_urls.is_empty();
-            let marks = if engines {
-                engine::marks(&o.engine_urls).await?
-            } else {
-                Vec::new()
-            };
-            let (mut outcomes, wall) = client::drive(&w, copts, bar.clone()).await;
-            if engines {
-                let matched = engine::attach(&o.engine_urls, &marks, &mut outcomes).await?;
-                if matched < outcomes.iter().filter(|x| x.failure.is_none()).count() {
-                    eprintln!(
-                        "kvroute bench: {}: {matched} of the completed requests matched an engine record",
-                        t.label()
-                    );
-                }
-            }
-            if let Some(r) = running {
-                r.stop().await;
-            }
-            if client_clock {
-                for oc in &mut outcomes {
-                    (oc.engine_ttft_s, oc.engine_e2e_s) = (None, None);
-                }
-            }
-            let rep = report::summarize(&t.label(), &w.name, &outcomes, block, wall, time_scale);
-            if o.requests_log.is_some() {
-                let oracle = report::oracle(&outcomes, block);
-                for (oc, or) in outcomes.iter().zip(oracle) {
-                    log.extend(report::log_line(&t.label(), round, oc, or)?);
-                }
-            }
-            out.push(rep);
+    bar
+}
+
+/// What every target's run shares.
+struct RunContext<'a> {
+    o: &'a BenchOptions,
+    w: &'a workload::Workload,
+    /// The workload's vocabulary (replies are tokenized with the target model's when it is a
+    /// simulator preset).
+    vocab: u32,
+    block: usize,
+    client_clock: bool,
+    bar: indicatif::ProgressBar,
+}
+
+/// One round of one target: its replicas up (a fresh fleet and gateways for `kvroute:`), the
+/// workload replayed through the balancer, its report and requests-log lines.
+async fn run_target(
+    cx: &RunContext<'_>,
+    t: &Target,
+    round: usize,
+) -> Result<(TargetReport, Vec<u8>)> {
+    let o = cx.o;
+    cx.bar.set_message(t.label());
+    let (urls, running, time_scale) = match t {
+        Target::Url(u) => (vec![u.clone()], None, o.time_scale),
+        Target::Balanced(us) => (us.clone(), None, o.time_scale),
+        Target::Kvroute(p, pd) => {
+            let f = o.fleet.as_ref().context("kvroute targets need --fleet")?;
+            let r = start_kvroute(o, f, *p, *pd).await?;
+            (r.urls.clone(), Some(r), o.speedup)
+        }
+    };
+    let model = match (&o.model, &o.fleet) {
+        (Some(m), _) => m.clone(),
+        (None, Some(f)) => f.preset.clone(),
+        (None, None) => match urls.first() {
+            Some(u) => discover_model(u).await.unwrap_or_default(),
+            None => String::new(),
+        },
+    };
+    // Replies are tokenized (and chats rendered) for the oracle's view with the target model's
+    // vocabulary when it is a simulator preset, so the view is the engine's.
+    let vocab = kvroute_sim::preset(&model).map_or(cx.vocab, |m| m.vocab_size);
+    let copts = ClientOptions {
+        urls: urls.clone(),
+        balance: o.balance,
+        seed: o.seed,
+        model,
+        api: o.api,
+        format: o.prompt_format,
+        vocab,
+        speedup: o.speedup,
+        max_concurrency: o.max_concurrency,
+        max_requests: o.max_requests,
+        duration: o.duration,
+        request_timeout: o.request_timeout,
+        explain: matches!(t, Target::Kvroute(..)),
+    };
+    let engines = t.is_url() && !o.engine_urls.is_empty();
+    let marks = if engines {
+        engine::marks(&o.engine_urls).await?
+    } else {
+        Vec::new()
+    };
+    let (mut outcomes, wall) = client::drive(cx.w, copts, cx.bar.clone()).await;
+    if engines {
+        attach_engines(o, t, &marks, &mut outcomes).await?;
+    }
+    if let Some(r) = running {
+        r.stop().await;
+    }
+    if cx.client_clock {
+        for oc in &mut outcomes {
+            (oc.engine_ttft_s, oc.engine_e2e_s) = (None, None);
         }
     }
-    bar.finish_and_clear();
-    let reports: Vec<TargetReport> = per_target.into_iter().filter_map(report::combine).collect();
-    println!("{}", report::table(&reports));
-    write_outputs(&o, &reports, &log, &w.name)?;
-    Ok(reports)
+    let mut rep = report::summarize(
+        &t.label(),
+        &cx.w.name,
+        &outcomes,
+        cx.block,
+        wall,
+        time_scale,
+    );
+    rep.replicas = report::replicas(&outcomes, &urls, rep.ttft_source == "engine", time_scale);
+    let mut log = Vec::new();
+    if o.requests_log.is_some() {
+        let oracle = report::oracle(&outcomes, cx.block);
+        for (oc, or) in outcomes.iter().zip(oracle) {
+            log.extend(report::log_line(&t.label(), round, oc, or)?);
+        }
+    }
+    Ok((rep, log))
+}
+
+/// The engines' own times and cached tokens for every outcome they recorded.
+async fn attach_engines(
+    o: &BenchOptions,
+    t: &Target,
+    marks: &[u64],
+    outcomes: &mut [Outcome],
+) -> Result<()> {
+    let matched = engine::attach(&o.engine_urls, marks, outcomes).await?;
+    if matched < outcomes.iter().filter(|x| x.failure.is_none()).count() {
+        eprintln!(
+            "kvroute bench: {}: {matched} of the completed requests matched an engine record",
+            t.label()
+        );
+    }
+    Ok(())
 }
 
 /// The first model a target lists on `/v1/models`.
@@ -448,6 +574,7 @@ fn write_outputs(
             "fleet": o.fleet.as_ref().map(|f| serde_json::json!({"preset": f.preset, "workers": f.workers, "blocks": f.blocks})),
             "speedup": o.speedup,
             "oracle_block_size": block_size(o),
+            "balance": o.balance.name(),
             "targets": reports,
         });
         std::fs::write(j, serde_json::to_vec_pretty(&doc)?)
@@ -522,6 +649,19 @@ mod tests {
             assert!(Target::parse(bad).is_err(), "{bad}");
         }
         assert!(Target::parse("h:1").is_err());
+        let three = Target::parse("http://a:1+http://b:2/+https://c:3").unwrap();
+        assert_eq!(
+            three,
+            Target::Balanced(vec![
+                "http://a:1".into(),
+                "http://b:2".into(),
+                "https://c:3".into()
+            ])
+        );
+        assert_eq!(three.label(), "http://a:1+http://b:2+https://c:3");
+        for bad in ["http://a:1+", "http://a:1+b:2", "+http://a:1"] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
         let f = FleetSpec::parse("qwen3-next,4,1000").unwrap();
         assert_eq!(
             (f.preset.as_str(), f.workers, f.blocks),
@@ -529,5 +669,25 @@ mod tests {
         );
         assert!(FleetSpec::parse("qwen3-next,4").is_err());
         assert!(FleetSpec::parse("no-such-model,4,10").is_err());
+    }
+
+    #[test]
+    fn replicas_multiply_kvroute_targets_and_must_match_a_url_targets_own() {
+        let with = |targets: &[&str], replicas| BenchOptions {
+            targets: targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
+            fleet: Some(FleetSpec::parse("llama,2,0").unwrap()),
+            replicas,
+            ..BenchOptions::default()
+        };
+        assert!(validate(&with(&["kvroute:hybrid-aware"], 3)).is_ok());
+        assert!(validate(&with(&["http://a:1+http://b:2+http://c:3"], 3)).is_ok());
+        assert!(validate(&with(&["http://a:1+http://b:2"], 1)).is_ok());
+        let err = validate(&with(&["http://a:1"], 3)).unwrap_err().to_string();
+        assert!(err.contains("joined by +"), "{err}");
+        let err = validate(&with(&["http://a:1+http://b:2"], 3))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("2 replicas"), "{err}");
+        assert!(validate(&with(&["kvroute:hybrid-aware"], 0)).is_err());
     }
 }

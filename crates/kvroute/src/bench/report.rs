@@ -2,14 +2,18 @@
 //! latency percentiles, throughput; the side-by-side table and the requests log.
 //!
 //! Owns: [`TargetReport`] (its JSON is the bench's contract: `requests`, `failed`, `reuse`,
-//! `oracle_reuse`, `ttft_p50_ms`, `ttft_p99_ms`, `throughput_rps` and the rest), [`oracle`]
+//! `oracle_reuse`, `ttft_p50_ms`, `ttft_p99_ms`, `ttft_mean_ms`, `throughput_rps`, `replicas`
+//! and the rest; fields are added, never renamed), [`ReplicaFigures`] (what each replica of a
+//! balanced target served), [`oracle`]
 //! (what an infinite cache would have reused: for each request in send order, the longest
 //! block-aligned prefix any earlier request's prompt had, at most `n − 1` tokens, as vLLM
 //! never serves a whole prompt), percentiles, the table.
 //! Invariants: reuse is engine-reported cached tokens over prompt tokens of completed requests;
 //! the oracle covers the same requests; TTFT is the engine's own when every completed request
 //! reported it (`ttft_source = "engine"`), else the client's wall time × `time_scale`
-//! (`"client"`); a report with no completed request reports zeros and its failures.
+//! (`"client"`), for the percentiles and the mean alike; a report with no completed request
+//! reports zeros and its failures; every request that left is counted under exactly one
+//! replica.
 //! Must not: drop a failure, or mix engine and client times in one percentile.
 
 use super::client::Outcome;
@@ -87,6 +91,8 @@ pub struct TargetReport {
     pub ttft_p50_ms: f64,
     pub ttft_p90_ms: f64,
     pub ttft_p99_ms: f64,
+    /// The mean TTFT (same source as the percentiles).
+    pub ttft_mean_ms: f64,
     /// Client-measured TTFT (wall × time scale), whatever the source above.
     pub client_ttft_ms: Percentiles,
     /// Inter-token latency: per request the engine's time per output token after the first
@@ -99,9 +105,26 @@ pub struct TargetReport {
     pub wall_s: f64,
     /// Requests per worker, where the target said which (kvroute's decision header).
     pub per_worker: BTreeMap<String, usize>,
+    /// Per replica of the target (one for a single gateway): what the balancer sent it.
+    pub replicas: Vec<ReplicaFigures>,
     /// With `--repeat`: each run's reuse and TTFT p50/p99, and the means above are over them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<RunFigures>,
+}
+
+/// One replica's share of a run.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct ReplicaFigures {
+    /// Its index in the target's replicas (the balancer's order).
+    pub replica: usize,
+    pub url: String,
+    /// Requests sent to it, and of those the ones that failed.
+    pub requests: usize,
+    pub failed: usize,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub reuse: f64,
+    pub ttft_mean_ms: f64,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -139,15 +162,9 @@ pub fn summarize(
     let ms = 1000.0;
     let ttft: Vec<f64> = ok
         .iter()
-        .filter_map(|i| {
-            let o = &outcomes[*i];
-            if engine {
-                o.engine_ttft_s.map(|t| t * ms)
-            } else {
-                o.ttft_s.map(|t| t * ms * time_scale)
-            }
-        })
+        .filter_map(|i| ttft_ms(&outcomes[*i], engine, time_scale))
         .collect();
+    let ttft_mean_ms = mean(&ttft);
     let t = pcts(ttft);
     let client: Vec<f64> = ok
         .iter()
@@ -204,6 +221,7 @@ pub fn summarize(
         ttft_p50_ms: t.p50,
         ttft_p90_ms: t.p90,
         ttft_p99_ms: t.p99,
+        ttft_mean_ms,
         client_ttft_ms: pcts(client),
         itl_ms: pcts(itl),
         e2e_ms: pcts(e2e),
@@ -225,8 +243,99 @@ pub fn summarize(
                 m
             },
         ),
+        replicas: Vec::new(),
         runs: Vec::new(),
     }
+}
+
+/// One completed request's TTFT in ms: the engine's own, or the client's × `time_scale`.
+fn ttft_ms(o: &Outcome, engine: bool, time_scale: f64) -> Option<f64> {
+    if engine {
+        o.engine_ttft_s.map(|t| t * 1000.0)
+    } else {
+        o.ttft_s.map(|t| t * 1000.0 * time_scale)
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// What each of `urls` served in one run: the outcomes sent to it, reuse over its completed
+/// requests, and their mean TTFT from the report's source (`engine`: the engine's own times).
+pub fn replicas(
+    outcomes: &[Outcome],
+    urls: &[String],
+    engine: bool,
+    time_scale: f64,
+) -> Vec<ReplicaFigures> {
+    urls.iter()
+        .enumerate()
+        .map(|(k, url)| {
+            let sent: Vec<&Outcome> = outcomes.iter().filter(|o| o.replica == Some(k)).collect();
+            let ok: Vec<&Outcome> = sent
+                .iter()
+                .copied()
+                .filter(|o| o.failure.is_none())
+                .collect();
+            let prompt_tokens: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
+            let cached_tokens: u64 = ok.iter().filter_map(|o| o.cached_tokens).sum();
+            let ttft: Vec<f64> = ok
+                .iter()
+                .filter_map(|o| ttft_ms(o, engine, time_scale))
+                .collect();
+            ReplicaFigures {
+                replica: k,
+                url: url.clone(),
+                requests: sent.len(),
+                failed: sent.len() - ok.len(),
+                prompt_tokens,
+                cached_tokens,
+                reuse: if prompt_tokens == 0 {
+                    0.0
+                } else {
+                    cached_tokens as f64 / prompt_tokens as f64
+                },
+                ttft_mean_ms: mean(&ttft),
+            }
+        })
+        .collect()
+}
+
+/// Every run's replicas as one list, by index: counts summed, reuse over the sums, the mean
+/// TTFT the mean of the runs' means (the first run's URL kept).
+fn combine_replicas(runs: &[TargetReport]) -> Vec<ReplicaFigures> {
+    let mut out: Vec<ReplicaFigures> = Vec::new();
+    let mut means: Vec<Vec<f64>> = Vec::new();
+    for r in runs.iter().flat_map(|r| &r.replicas) {
+        if out.len() <= r.replica {
+            out.resize_with(r.replica + 1, ReplicaFigures::default);
+            means.resize_with(r.replica + 1, Vec::new);
+        }
+        let o = &mut out[r.replica];
+        if o.url.is_empty() {
+            o.url = r.url.clone();
+        }
+        o.replica = r.replica;
+        o.requests += r.requests;
+        o.failed += r.failed;
+        o.prompt_tokens += r.prompt_tokens;
+        o.cached_tokens += r.cached_tokens;
+        means[r.replica].push(r.ttft_mean_ms);
+    }
+    for (o, m) in out.iter_mut().zip(&means) {
+        o.reuse = if o.prompt_tokens == 0 {
+            0.0
+        } else {
+            o.cached_tokens as f64 / o.prompt_tokens as f64
+        };
+        o.ttft_mean_ms = mean(m);
+    }
+    out
 }
 
 /// Repeated runs of one target as one report: means of rates and times, sums of counts, and
@@ -244,6 +353,7 @@ pub fn combine(runs: Vec<TargetReport>) -> Option<TargetReport> {
     out.ttft_p50_ms = mean(&|r| r.ttft_p50_ms);
     out.ttft_p90_ms = mean(&|r| r.ttft_p90_ms);
     out.ttft_p99_ms = mean(&|r| r.ttft_p99_ms);
+    out.ttft_mean_ms = mean(&|r| r.ttft_mean_ms);
     out.throughput_rps = mean(&|r| r.throughput_rps);
     out.output_tokens_per_s = mean(&|r| r.output_tokens_per_s);
     out.requests = runs.iter().map(|r| r.requests).sum();
@@ -261,6 +371,7 @@ pub fn combine(runs: Vec<TargetReport>) -> Option<TargetReport> {
             *out.per_worker.entry(w.clone()).or_insert(0) += n;
         }
     }
+    out.replicas = combine_replicas(&runs);
     if runs.iter().any(|r| r.ttft_source != out.ttft_source) {
         out.ttft_source = "mixed".into();
     }
@@ -286,11 +397,12 @@ fn range(r: &TargetReport, f: impl Fn(&RunFigures) -> f64, scale: f64, digits: u
 
 pub fn table(reports: &[TargetReport]) -> String {
     let mut s = format!(
-        "{:<26} {:>8} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8} {:>6}\n",
+        "{:<26} {:>8} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>6}\n",
         "target",
         "reuse",
         "oracle",
         "of orc.",
+        "ttft mean",
         "ttft p50",
         "ttft p90",
         "ttft p99",
@@ -300,11 +412,12 @@ pub fn table(reports: &[TargetReport]) -> String {
     );
     for r in reports {
         s.push_str(&format!(
-            "{:<26} {:>7.1}% {:>7.1}% {:>6.0}% {:>7.1} ms {:>7.1} ms {:>7.1} ms {:>6.1} ms {:>8.2} {:>6}\n",
+            "{:<26} {:>7.1}% {:>7.1}% {:>6.0}% {:>7.1} ms {:>7.1} ms {:>7.1} ms {:>7.1} ms {:>6.1} ms {:>8.2} {:>6}\n",
             r.target,
             r.reuse * 100.0,
             r.oracle_reuse * 100.0,
             r.oracle_share * 100.0,
+            r.ttft_mean_ms,
             r.ttft_p50_ms,
             r.ttft_p90_ms,
             r.ttft_p99_ms,
@@ -321,6 +434,19 @@ pub fn table(reports: &[TargetReport]) -> String {
                 range(r, |x| x.ttft_p99_ms, 1.0, 0),
             ));
         }
+        if r.replicas.len() > 1 {
+            for x in &r.replicas {
+                s.push_str(&format!(
+                    "  replica {} {}: {} requests, {} failed, reuse {:.1}%, ttft mean {:.1} ms\n",
+                    x.replica,
+                    x.url,
+                    x.requests,
+                    x.failed,
+                    x.reuse * 100.0,
+                    x.ttft_mean_ms,
+                ));
+            }
+        }
     }
     s
 }
@@ -333,6 +459,7 @@ pub fn log_line(target: &str, run: usize, o: &Outcome, oracle: u64) -> serde_jso
         "session": o.session,
         "turn": o.turn,
         "branch": o.branch,
+        "replica": o.replica,
         "sent_at_s": o.sent_at_s,
         "failure": o.failure,
         "prompt_tokens": o.prompt_tokens,
@@ -379,6 +506,52 @@ mod tests {
         let again = vec![sent(0.0, a.clone()), sent(1.0, a.clone())];
         assert_eq!(oracle(&again, 8), vec![0, 32]);
         assert_eq!(oracle(&again, 16), vec![0, 32]);
+    }
+
+    #[test]
+    fn each_replica_counts_what_the_balancer_sent_it_and_the_mean_ttft_sits_beside_the_ranks() {
+        let served = |replica: usize, ttft: f64, failure: Option<&str>| Outcome {
+            replica: Some(replica),
+            prompt_tokens: 100,
+            cached_tokens: Some(50),
+            ttft_s: Some(ttft),
+            failure: failure.map(str::to_string),
+            ..Outcome::default()
+        };
+        let outs = vec![
+            served(0, 0.1, None),
+            served(1, 0.2, None),
+            served(0, 0.3, None),
+            served(1, 0.0, Some("http_500")),
+            // Never sent: counted by no replica.
+            Outcome {
+                failure: Some("concurrency".into()),
+                ..Outcome::default()
+            },
+        ];
+        let mut r = summarize("t", "w", &outs, 16, 1.0, 1.0);
+        assert!((r.ttft_mean_ms - 200.0).abs() < 1e-9, "{}", r.ttft_mean_ms);
+        let urls = ["http://a".to_string(), "http://b".to_string()];
+        r.replicas = replicas(&outs, &urls, false, 1.0);
+        let counts: Vec<(usize, usize, u64)> = r
+            .replicas
+            .iter()
+            .map(|x| (x.requests, x.failed, x.cached_tokens))
+            .collect();
+        assert_eq!(counts, [(2, 0, 100), (2, 1, 50)]);
+        assert!((r.replicas[0].ttft_mean_ms - 200.0).abs() < 1e-9);
+        assert_eq!(r.replicas[1].reuse, 0.5);
+        // Two runs: counts add up per replica, the means are averaged.
+        let both = combine(vec![r.clone(), r]).unwrap();
+        assert_eq!(both.replicas[1].requests, 4);
+        assert_eq!(both.replicas[1].failed, 2);
+        assert!((both.ttft_mean_ms - 200.0).abs() < 1e-9);
+        let t = table(&[both]);
+        assert!(t.contains("ttft mean"), "{t}");
+        assert!(
+            t.contains("replica 1 http://b: 4 requests, 2 failed"),
+            "{t}"
+        );
     }
 
     #[test]
