@@ -3,7 +3,8 @@
 //! Owns: `GatewayConfig` (listen addresses, policy and weights — the `[weights]` section is
 //! [`PolicyWeights`] —, limits, admin token, snapshot and shutdown settings, the front door's
 //! tenants ([`super::tenants::TenantSpec`]), the drain timeout, the `[discovery]` section
-//! ([`super::discovery::DiscoveryConfig`]), the TLS sections ([`ListenerTls`]) and the `workers` ([`WorkerSpec`])), its defaults,
+//! ([`super::discovery::DiscoveryConfig`]), the TLS sections ([`ListenerTls`]), the `[tracing]`
+//! section ([`TracingConfig`]) and the `workers` ([`WorkerSpec`])), its defaults,
 //! and its validation as a whole, naming the offending field.
 //! Invariants: it is plain data; its one import beyond the configuration is the routing core's
 //! [`PolicyKind`]. That is why it is a module of its own, and one `config` does not re-export:
@@ -12,6 +13,7 @@
 //! Must not: start anything, or import the front door or the fleet state.
 
 use super::discovery::DiscoveryConfig;
+use super::otel::TracingConfig;
 use super::tenants::{self, TenantSpec};
 use super::tls::ListenerTls;
 use super::{PolicyWeights, Secret, WorkerSpec};
@@ -106,6 +108,10 @@ pub struct GatewayConfig {
     /// PEM CA bundle trusted for `https://` engine URLs, beside the system's roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_ca_file: Option<PathBuf>,
+    /// OpenTelemetry traces (`[tracing]`); none: the `OTEL_*` environment alone decides, and
+    /// with no endpoint there tracing is off. A change needs a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingConfig>,
 }
 
 fn default_client_timeout() -> f64 {
@@ -178,6 +184,7 @@ impl Default for GatewayConfig {
             tls: None,
             admin_tls: None,
             engine_ca_file: None,
+            tracing: None,
         }
     }
 }
@@ -263,6 +270,9 @@ impl GatewayConfig {
             .is_some_and(|p| p.as_os_str().is_empty())
         {
             return Err("engine_ca_file is empty".into());
+        }
+        if let Some(t) = &self.tracing {
+            t.validate()?;
         }
         if let Some(d) = &self.discovery {
             d.validate().map_err(|e| format!("discovery: {e}"))?;
