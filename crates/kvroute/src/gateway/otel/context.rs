@@ -214,7 +214,10 @@ mod tests {
         assert!(sc.is_remote() && sc.is_sampled());
         assert_eq!(sc.trace_state().header(), "vendor=a,other=b");
         // An invalid tracestate costs the state, not the parent.
-        h.insert("tracestate", HeaderValue::from_static("Upper=case,no-equals-sign"));
+        h.insert(
+            "tracestate",
+            HeaderValue::from_static("Upper=case,no-equals-sign"),
+        );
         let sc = client_parent(&h).unwrap().unwrap();
         assert_eq!(sc.trace_state().header(), "");
         h.append("traceparent", HeaderValue::from_static(GOOD));
