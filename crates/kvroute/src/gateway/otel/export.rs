@@ -54,78 +54,86 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest collector answer read (it is a small status message).
 const MAX_ANSWER: u64 = 4 << 20;
 
+/// Where a setting came from (a configuration field or an environment variable) and its value.
+type Found = (&'static str, String);
+
 /// The settings from `cfg` and the environment (`env` looks a variable up): `Ok(None)` when
 /// tracing is off.
 pub fn resolve(
     cfg: Option<&TracingConfig>,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<ExportSettings>, OtelError> {
-    let var = |k: &str| {
-        env(k)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
+    // The configuration's value when set, else the first of `vars` set to something.
+    let first = |from_cfg: Option<Found>, vars: &[&'static str]| -> Option<Found> {
+        from_cfg.or_else(|| {
+            vars.iter().find_map(|k| {
+                let v = env(k)?.trim().to_string();
+                (!v.is_empty()).then_some((*k, v))
+            })
+        })
     };
-    let bad = |name: &str, reason: String| OtelError::Setting {
+    let field = |name: &'static str, f: fn(&TracingConfig) -> &Option<String>| {
+        cfg.and_then(|c| f(c).clone()).map(|v| (name, v))
+    };
+    let bad = |(name, reason): (&str, String)| OtelError::Setting {
         source_name: name.to_string(),
         reason,
     };
-    if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+    if first(None, &["OTEL_SDK_DISABLED"]).is_some_and(|(_, v)| v.eq_ignore_ascii_case("true")) {
         return Ok(None);
     }
-    let from_cfg = |f: fn(&TracingConfig) -> Option<&String>| cfg.and_then(f).cloned();
-    let endpoint = if let Some(e) = from_cfg(|c| c.otlp_traces_endpoint.as_ref()) {
-        Some(("tracing.otlp_traces_endpoint", e))
-    } else if let Some(e) = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
-        Some(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", e))
-    } else {
+    let endpoint = first(
+        field("tracing.otlp_traces_endpoint", |c| &c.otlp_traces_endpoint),
+        &["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"],
+    )
+    .or_else(|| {
         // The generic endpoint is a base: the traces' path goes after it.
-        var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|base| {
-            let url = format!("{}/v1/traces", base.trim_end_matches('/'));
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", url)
-        })
-    };
-    let Some((endpoint_from, endpoint)) = endpoint else {
+        let (k, base) = first(None, &["OTEL_EXPORTER_OTLP_ENDPOINT"])?;
+        Some((k, format!("{}/v1/traces", base.trim_end_matches('/'))))
+    });
+    let Some((from, endpoint)) = endpoint else {
         return Ok(None);
     };
-    check_endpoint(&endpoint).map_err(|m| bad(endpoint_from, m))?;
-    let protocol = from_cfg(|c| c.protocol.as_ref())
-        .map(|p| ("tracing.protocol", p))
-        .or_else(|| {
-            var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                .map(|p| ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", p))
-        })
-        .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL").map(|p| ("OTEL_EXPORTER_OTLP_PROTOCOL", p)));
+    check_endpoint(&endpoint).map_err(|m| bad((from, m)))?;
+    let protocol = first(
+        field("tracing.protocol", |c| &c.protocol),
+        &[
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ],
+    );
     if let Some((from, p)) = protocol {
-        check_protocol(&p).map_err(|m| bad(from, m))?;
+        check_protocol(&p).map_err(|m| bad((from, m)))?;
     }
-    let service_name = from_cfg(|c| c.service_name.as_ref())
-        .or_else(|| var("OTEL_SERVICE_NAME"))
-        .unwrap_or_else(|| SERVICE_NAME.to_string());
-    let schedule_delay = cfg
-        .and_then(|c| c.schedule_delay_ms)
-        .map(Duration::from_millis);
-    let timeout = match [
-        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-        "OTEL_EXPORTER_OTLP_TIMEOUT",
-    ]
-    .into_iter()
-    .find_map(|k| var(k).map(|v| (k, v)))
-    {
+    let service_name = first(
+        field("tracing.service_name", |c| &c.service_name),
+        &["OTEL_SERVICE_NAME"],
+    )
+    .map_or_else(|| SERVICE_NAME.to_string(), |(_, v)| v);
+    let timeout = match first(
+        None,
+        &[
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ],
+    ) {
+        None => TIMEOUT,
         Some((k, v)) => match v.parse::<u64>() {
             Ok(ms) if ms > 0 => Duration::from_millis(ms),
             _ => {
-                return Err(bad(
+                return Err(bad((
                     k,
                     format!("`{v}` is not a positive number of milliseconds"),
-                ))
+                )))
             }
         },
-        None => TIMEOUT,
     };
     Ok(Some(ExportSettings {
         endpoint,
         service_name,
-        schedule_delay,
+        schedule_delay: cfg
+            .and_then(|c| c.schedule_delay_ms)
+            .map(Duration::from_millis),
         timeout,
     }))
 }
