@@ -5,7 +5,7 @@
 //! `forced_output_token_ids`, `return_token_ids`, SSE streaming), `/v1/chat/completions`
 //! (streaming and not), `/v1/models`, `/health`, `/version`, `/tokenize`, `/detokenize`, `/metrics`,
 //! `/v1/completions/render` and `/v1/chat/completions/render`, `/kv_event_sources`,
-//! `/reset_prefix_cache`, `/admin/{cache,requests,faults,restart,pause,resume}`, and, with a
+//! `/reset_prefix_cache`, `/admin/{cache,requests,trace_context,faults,restart,pause,resume}`, and, with a
 //! KV transfer role, `kv_transfer_params` on both completion endpoints and `/admin/kv_pull`
 //! (the side channel decode workers pull a prefill worker's KV through, [`crate::disagg`]); the
 //! admin endpoints' handlers are in `admin`.
@@ -37,7 +37,7 @@ use std::sync::Arc;
 mod admin;
 use admin::{
     admin_cache, admin_faults, admin_kv_pull, admin_pause, admin_requests, admin_restart,
-    admin_resume,
+    admin_resume, admin_trace_context,
 };
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -125,6 +125,7 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/admin/cache", get(admin_cache))
         .route("/admin/requests", get(admin_requests))
+        .route("/admin/trace_context", get(admin_trace_context))
         .route("/admin/faults", post(admin_faults))
         .route("/admin/restart", post(admin_restart))
         .route("/admin/pause", post(admin_pause))
@@ -509,6 +510,9 @@ async fn serve(
         format!("cmpl-sim-{n}")
     };
     c.req.id = id.clone();
+    let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
+    w.trace_contexts()
+        .record(&id, header("traceparent"), header("tracestate"));
     let prompt_len = c.req.prompt.len();
     let prompt_ids = c.req.prompt.clone();
     // A prefill worker answers a non-streaming request with the parameters to pull it by

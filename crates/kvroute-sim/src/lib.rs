@@ -6,7 +6,7 @@
 //! 0.33's lookahead hashes); its scheduler
 //! and a step time model (`engine`, `timing`); the layouts and presets (`spec`); the ZMQ event
 //! publisher (`wire`, `publisher`); the OpenAI-compatible HTTP server with metrics and fault
-//! hooks (`http`, `worker`); disaggregated prefill and decode over NixlConnector's protocol
+//! hooks (`http`, `worker`; the trace context each request arrived with, `trace_context`); disaggregated prefill and decode over NixlConnector's protocol
 //! (`disagg`); a CPU tier as either offload connector keeps one (`offload`, `simple_offload`);
 //! the rules it reads from vLLM's sources itself, sharing none with kvroute-index (`vllm_rules`);
 //! and the in-process fleet API (`fleet`). docs/sim.md is the
@@ -30,6 +30,7 @@ pub mod simple_offload;
 pub mod spec;
 pub mod timing;
 pub mod tokens;
+pub mod trace_context;
 pub mod vllm_rules;
 pub mod wire;
 pub mod worker;

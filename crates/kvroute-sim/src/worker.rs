@@ -154,6 +154,8 @@ pub(crate) struct Shared {
     leases: Leases,
     /// Decode worker: the client its pulls go through.
     client: reqwest::Client,
+    /// The trace context each completion request arrived with (`GET /admin/trace_context`).
+    pub(crate) trace_contexts: crate::trace_context::TraceContexts,
 }
 
 /// How many finished requests `/admin/requests` keeps.
@@ -275,6 +277,7 @@ impl Worker {
             finished: Mutex::new((VecDeque::new(), 0)),
             leases: Leases::default(),
             client: reqwest::Client::new(),
+            trace_contexts: Default::default(),
         });
         let tasks = (0..shared.ranks.len())
             .map(|r| tokio::spawn(run_rank(shared.clone(), r)))
@@ -484,6 +487,11 @@ impl Worker {
             g.0.iter().filter(|r| r.seq >= since).cloned().collect(),
             g.1,
         )
+    }
+
+    /// The trace contexts the last completion requests arrived with.
+    pub fn trace_contexts(&self) -> &crate::trace_context::TraceContexts {
+        &self.shared.trace_contexts
     }
 
     pub fn metrics_text(&self) -> String {

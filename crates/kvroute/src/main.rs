@@ -286,8 +286,14 @@ struct ServeArgs {
     /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish, seconds.
     #[arg(long)]
     shutdown_timeout_secs: Option<f64>,
-    /// Read the file, lay the flags over it and validate the result as a start does, then
-    /// exit (0: valid) without binding a port or reaching a worker.
+    /// Export OpenTelemetry traces (OTLP over HTTP, protobuf) to this URL, used as given
+    /// (`http://collector:4318/v1/traces`, as vLLM's `--otlp-traces-endpoint`); beats the file's
+    /// `[tracing]` and the `OTEL_EXPORTER_OTLP_*` environment. Without any: tracing is off.
+    #[arg(long)]
+    otlp_traces_endpoint: Option<String>,
+    /// Read the file, lay the flags over it and validate the result as a start does (the
+    /// tracing environment too), then exit (0: valid) without binding a port or reaching a
+    /// worker.
     #[arg(long)]
     check_config: bool,
 }
@@ -355,6 +361,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
     }
     if a.check_config {
         cfg.validate().map_err(anyhow::Error::msg)?;
+        kvroute::gateway::otel::export::resolve(cfg.tracing.as_ref(), |k| std::env::var(k).ok())?;
         eprintln!("configuration valid");
         return Ok(());
     }
@@ -462,6 +469,11 @@ fn apply_flags(cfg: &mut GatewayConfig, a: &ServeArgs) -> Result<()> {
     }
     if let Some(v) = a.shutdown_timeout_secs {
         cfg.shutdown_timeout_secs = v;
+    }
+    if let Some(url) = &a.otlp_traces_endpoint {
+        cfg.tracing
+            .get_or_insert_with(Default::default)
+            .otlp_traces_endpoint = Some(url.clone());
     }
     for w in &a.workers {
         cfg.workers.push(parse_worker(w)?);

@@ -449,3 +449,45 @@ fn serve_check_config_validates_the_file_and_flags_then_exits_without_listening(
     assert!(!stderr.contains("listening"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn serve_check_config_refuses_an_unusable_trace_endpoint_or_protocol_naming_it() {
+    let check = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_kvroute"));
+        c.args(["serve", "--check-config"]).args(args);
+        for k in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_SDK_DISABLED",
+        ] {
+            c.env_remove(k);
+        }
+        c.envs(env.iter().copied());
+        let out = c.output().expect("run kvroute serve --check-config");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let flag = ["--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"];
+    let (ok, stderr) = check(&flag, &[]);
+    assert!(ok && stderr.contains("configuration valid"), "{stderr}");
+    let (ok, stderr) = check(&["--otlp-traces-endpoint", "collector:4318"], &[]);
+    assert!(
+        !ok && stderr.contains("tracing.otlp_traces_endpoint"),
+        "{stderr}"
+    );
+    // The environment's protocol applies to the flag's endpoint; grpc is not built in.
+    let (ok, stderr) = check(&flag, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+    assert!(
+        !ok && stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL"),
+        "{stderr}"
+    );
+    let (ok, stderr) = check(&[], &[("OTEL_EXPORTER_OTLP_ENDPOINT", "4318")]);
+    assert!(
+        !ok && stderr.contains("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        "{stderr}"
+    );
+}

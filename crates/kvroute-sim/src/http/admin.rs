@@ -2,7 +2,8 @@
 //! and the side channel of disaggregated serving.
 //!
 //! Owns: `GET /admin/requests` (finished requests by prompt digest, for `kvroute bench
-//! --engine-urls`), `GET /admin/cache` (the true cache state), `POST /admin/faults` (wire
+//! --engine-urls`), `GET /admin/trace_context` (the W3C trace context the last completion
+//! requests arrived with), `GET /admin/cache` (the true cache state), `POST /admin/faults` (wire
 //! faults), `/admin/restart`, `/admin/pause`, `/admin/resume`, and `POST /admin/kv_pull` (a
 //! decode worker's pull of a prefill worker's KV, [`crate::disagg`]).
 //! Invariants: a body is optional where every field is (an empty body reads as `{}`); an
@@ -27,6 +28,14 @@ pub(super) async fn admin_requests(
     let since = q.get("since").and_then(|s| s.parse().ok()).unwrap_or(0);
     let (requests, total) = w.finished_since(since);
     Json(json!({ "total": total, "requests": requests })).into_response()
+}
+
+/// `GET /admin/trace_context`: the `traceparent` and `tracestate` the last
+/// [`crate::trace_context::KEPT`] completion requests arrived with (`null` when absent), by
+/// response id, oldest first, and `total`, how many were recorded in all.
+pub(super) async fn admin_trace_context(State(w): W) -> Response {
+    let (received, total) = w.trace_contexts().snapshot();
+    Json(json!({ "total": total, "received": received })).into_response()
 }
 
 pub(super) async fn admin_cache(State(w): W) -> Response {

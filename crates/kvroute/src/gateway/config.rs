@@ -8,7 +8,8 @@
 //! [`file`] (`GatewayConfig`, the file as a whole: listen addresses, policy, limits, admin
 //! token, snapshot and shutdown settings, drain timeout), the `[weights]` section ([`PolicyWeights`], plain
 //! data of the routing core, `kvroute_route::config`), [`tenants`] (the `[[tenants]]` entries) and [`discovery`] (the
-//! `[discovery]` section) and [`tls`] (the listeners' and engines' TLS).
+//! `[discovery]` section) and [`tls`] (the listeners' and engines' TLS) and [`otel`] (the `[tracing]` section: where
+//! OpenTelemetry traces go).
 //! Invariants: this module and its submodules are plain data and import no other gateway
 //! module beside the routing core's plain data (`kvroute_route`).
 //! Must not: start anything.
@@ -21,6 +22,7 @@ use std::path::PathBuf;
 
 pub mod discovery;
 pub mod file;
+pub mod otel;
 pub mod peers;
 pub mod tenants;
 pub mod tls;

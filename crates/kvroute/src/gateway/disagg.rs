@@ -17,11 +17,14 @@
 //! leg's answer must carry `kv_transfer_params` (an object), else the leg failed; the decode
 //! worker's reported cached tokens are the prefill worker's (vLLM's decode worker reports
 //! `remote_prefill_cached_tokens`), so both legs are checked against the prefill prediction.
+//! Each leg's attempts are `forward` spans of the request's trace (`kvroute.leg` `prefill` or
+//! `decode`), and each engine receives a `traceparent` naming its own leg's span.
 //! Must not: choose workers itself (the policy ranks each pool) or rewrite answers.
 
 use super::config::Role;
 use super::decide::{Decision, Ranked};
-use super::forward::{attach_decision, forward, Booking, Endpoint};
+use super::forward::{attach_decision, forward, Booking, Endpoint, Outgoing};
+use super::otel::RequestTrace;
 use super::registry::Worker;
 use super::reply::error;
 use super::state::AppState;
@@ -117,6 +120,8 @@ pub struct Legs<'a> {
     pub decode: &'a Ranked<'a>,
     pub policy: &'static str,
     pub explain: bool,
+    /// The request's trace: each leg's attempts are `forward` spans of it.
+    pub trace: &'a RequestTrace,
 }
 
 /// Runs both legs: `legs.prefill` and `legs.decode` are the policy's rankings of the two pools.
@@ -145,9 +150,17 @@ async fn prefill_leg(
 ) -> Result<(Arc<Worker>, Value), Response> {
     let p_body = bytes_of(&prefill_body(legs.req));
     let mut last_err = String::new();
-    for worker in legs.prefill.order.iter().take(2) {
+    for (attempt, worker) in legs.prefill.order.iter().take(2).enumerate() {
         let booking = Booking::for_candidate(legs.prefill, worker, true);
-        match forward(st, worker, legs.ep, p_body.clone(), false, booking).await {
+        let out = Outgoing {
+            ep: legs.ep,
+            body: p_body.clone(),
+            stream: false,
+            trace: legs.trace,
+            leg: "prefill",
+            attempt,
+        };
+        match forward(st, worker, out, booking).await {
             Ok(resp) => {
                 let status = resp.status();
                 let body = axum::body::to_bytes(resp.into_body(), MAX_PREFILL_ANSWER).await;
@@ -201,10 +214,18 @@ async fn decode_leg(
     let reported_as = p_decision.predicted_cached;
     let d_body = bytes_of(&decode_body(legs.req, params));
     let mut last_err = String::new();
-    for worker in decode.order.iter().take(2) {
+    for (attempt, worker) in decode.order.iter().take(2).enumerate() {
         let mut booking = Booking::for_candidate(decode, worker, false);
         booking.predicted = reported_as;
-        match forward(st, worker, legs.ep, d_body.clone(), legs.stream, booking).await {
+        let out = Outgoing {
+            ep: legs.ep,
+            body: d_body.clone(),
+            stream: legs.stream,
+            trace: legs.trace,
+            leg: "decode",
+            attempt,
+        };
+        match forward(st, worker, out, booking).await {
             Ok(mut resp) => {
                 st.metrics
                     .decisions

@@ -6,7 +6,10 @@
 //! buffered whole; a failure before any byte reached the client is retryable, one after it ends
 //! the stream with vLLM's error event and `[DONE]`), the load accounting while it runs, the
 //! TTFT, decode and cached-token observations an answer teaches, the upstream failure counts
-//! and ejections, and the decision header ([`attach_decision`]).
+//! and ejections, the decision header ([`attach_decision`]), and each attempt's `forward` span
+//! and the trace context headers the engine receives ([`super::otel::Forwarding`]: the span
+//! starts before the request is sent, has its `first_byte` event with the first chunk of a
+//! stream or the head of a whole answer, and ends with the answer's last byte).
 //! Must not: choose workers (the caller ranked them) or rewrite the request body or the
 //! response (besides the decision header).
 
@@ -15,6 +18,7 @@ use super::answer::{
     DecodeTiming,
 };
 use super::decide::{Decision, Ranked};
+use super::otel::{EngineHeaders, Forwarding, RequestTrace};
 use super::peer_wire::Booked;
 use super::pending::{checkpoint_tails, Prompt};
 use super::registry::{LoadGuard, Worker};
@@ -41,6 +45,13 @@ impl Endpoint {
         match self {
             Endpoint::Completions => "/v1/completions",
             Endpoint::Chat => "/v1/chat/completions",
+        }
+    }
+    /// The name of a request's root span.
+    pub(super) fn span_name(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "POST /v1/completions",
+            Endpoint::Chat => "POST /v1/chat/completions",
         }
     }
     pub(super) fn label(self) -> &'static str {
@@ -138,14 +149,26 @@ fn observe_ttft(st: &AppState, worker: &Worker, work: &(Work, f64), elapsed: Dur
     }
 }
 
-/// Sends `body` to `worker` and passes its answer through (a stream chunk by chunk), booking
-/// the load while it runs and learning from the answer's timings and reported cache hits.
+/// One request as it is sent to an engine: the endpoint, the body, whether the answer streams,
+/// and the trace it belongs to (which leg, which attempt).
+pub(super) struct Outgoing<'a> {
+    pub(super) ep: Endpoint,
+    pub(super) body: Bytes,
+    pub(super) stream: bool,
+    pub(super) trace: &'a RequestTrace,
+    /// `whole`, or the `prefill` or `decode` leg of a disaggregated request.
+    pub(super) leg: &'static str,
+    /// 0 for the first worker tried, 1 for the retry.
+    pub(super) attempt: usize,
+}
+
+/// Sends the request to `worker` and passes its answer through (a stream chunk by chunk),
+/// booking the load while it runs and learning from the answer's timings and reported cache
+/// hits.
 pub(super) async fn forward(
     st: &Arc<AppState>,
     worker: &Arc<Worker>,
-    ep: Endpoint,
-    body: Bytes,
-    stream: bool,
+    out: Outgoing<'_>,
     booking: Booking<'_>,
 ) -> Result<Response, UpstreamError> {
     let Booking {
@@ -160,15 +183,30 @@ pub(super) async fn forward(
         guard = guard.with_prompt(prompt, *checkpoints);
     }
     let guard = announce(st, worker, guard, in_flight);
+    let url = format!("{}{}", worker.spec.url.trim_end_matches('/'), out.ep.path());
+    let mut span = out
+        .trace
+        .forward(&worker.spec.name, &url, out.leg, out.attempt);
     let started = Instant::now();
-    let resp = send(st, worker, ep, body).await?;
+    let resp = match send(st, worker, &url, out.body, &span.headers).await {
+        Ok(r) => r,
+        Err(e) => {
+            span.fail(|| e.message.clone());
+            return Err(e);
+        }
+    };
     let status = resp.status();
+    span.answered(status.as_u16());
+    if !status.is_success() {
+        span.fail(|| format!("the engine answered {status}"));
+    }
     let seen = Answered {
         started,
         predicted,
         work,
+        span,
     };
-    if !stream || !status.is_success() {
+    if !out.stream || !status.is_success() {
         return whole_answer(st, worker, resp, guard, seen, first_token_is_whole).await;
     }
     Ok(streamed_answer(st, worker, resp, guard, seen))
@@ -203,11 +241,13 @@ fn announce(
 }
 
 /// What an answer is checked against and teaches: when it was sent, the cached tokens
-/// predicted, and the TTFT model's inputs and prediction.
+/// predicted, and the TTFT model's inputs and prediction; and the attempt's span, which ends
+/// with the answer.
 struct Answered {
     started: Instant,
     predicted: u64,
     work: Option<(Work, f64)>,
+    span: Forwarding,
 }
 
 /// Sends the request to the worker; a refused connection, a timeout, a reset or a 5xx is a
@@ -215,34 +255,34 @@ struct Answered {
 async fn send(
     st: &Arc<AppState>,
     worker: &Arc<Worker>,
-    ep: Endpoint,
+    url: &str,
     body: Bytes,
+    trace_context: &EngineHeaders,
 ) -> Result<reqwest::Response, UpstreamError> {
-    let url = format!("{}{}", worker.spec.url.trim_end_matches('/'), ep.path());
     let timeout = Duration::from_secs_f64(st.config().request_timeout_secs.max(0.1));
-    let resp = st
+    let mut req = st
         .client
-        .post(&url)
+        .post(url)
         .timeout(timeout)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| {
-            // Refused connections eject at once; timeouts and resets count towards the streak.
-            if e.is_connect() {
-                count_failure(st, worker, Failure::Refused);
-                worker.mark_failure();
-            } else if e.is_timeout() {
-                worker_failed(st, worker, Failure::Timeout);
-            } else {
-                worker_failed(st, worker, Failure::Transport);
-            }
-            UpstreamError {
-                message: format!("{}: {e}", worker.spec.name),
-                retryable: true,
-            }
-        })?;
+        .header("content-type", "application/json");
+    for (name, value) in trace_context.iter() {
+        req = req.header(name, value.clone());
+    }
+    let resp = req.body(body).send().await.map_err(|e| {
+        // Refused connections eject at once; timeouts and resets count towards the streak.
+        if e.is_connect() {
+            count_failure(st, worker, Failure::Refused);
+            worker.mark_failure();
+        } else if e.is_timeout() {
+            worker_failed(st, worker, Failure::Timeout);
+        } else {
+            worker_failed(st, worker, Failure::Transport);
+        }
+        UpstreamError {
+            message: format!("{}: {e}", worker.spec.name),
+            retryable: true,
+        }
+    })?;
     let status = resp.status();
     if status.is_server_error() {
         // Nothing reached the client yet, streamed or not: another worker may serve it.
@@ -262,16 +302,19 @@ async fn whole_answer(
     worker: &Arc<Worker>,
     resp: reqwest::Response,
     mut guard: LoadGuard,
-    seen: Answered,
+    mut seen: Answered,
     first_token_is_whole: bool,
 ) -> Result<Response, UpstreamError> {
     let status = resp.status();
     let ctype = resp.headers().get("content-type").cloned();
     let name = worker.spec.name.as_str();
+    seen.span.first_byte();
     let bytes = resp.bytes().await.map_err(|e| {
         worker_failed(st, worker, Failure::Body);
+        let message = format!("{name}: reading the response: {e}");
+        seen.span.fail(|| message.clone());
         UpstreamError {
-            message: format!("{name}: reading the response: {e}"),
+            message,
             retryable: true,
         }
     })?;
@@ -309,7 +352,7 @@ fn streamed_answer(
     worker: &Arc<Worker>,
     resp: reqwest::Response,
     mut guard: LoadGuard,
-    seen: Answered,
+    mut seen: Answered,
 ) -> Response {
     let ctype = resp.headers().get("content-type").cloned();
     let name = worker.spec.name.clone();
@@ -326,6 +369,7 @@ fn streamed_answer(
         }
         if first {
             first = false;
+            seen.span.first_byte();
             guard.prefill_done();
             // What this one decodes beside: the prefill still queued and the others running
             // (it counts itself).
@@ -367,6 +411,7 @@ fn streamed_answer(
                 // Bytes went out: no retry. The client gets vLLM's mid-stream error event and
                 // a clean end instead of a connection cut in the middle of an event.
                 worker_failed(&st2, &worker2, Failure::StreamCut);
+                seen.span.fail(|| format!("the answer stopped: {e}"));
                 cut = true;
                 Ok(stream_error_event(
                     &tail,

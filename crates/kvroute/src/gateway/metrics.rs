@@ -8,7 +8,8 @@
 //! (`ListenerCounts`, what `gateway::listen` counts into), discovery refreshes, discovered
 //! workers, fleet changes and configuration reloads, plus, rendered at scrape time, the
 //! index's counters and size and the wire intake's counters, and the front door's per-tenant
-//! figures (`TenantMetrics`) and the replicas' booking channel (`PeerMetrics`).
+//! figures (`TenantMetrics`), the replicas' booking channel (`PeerMetrics`) and malformed
+//! client trace contexts.
 //! Invariants: metric names are stable, prefixed `kvroute_`.
 //! Must not: block a request on anything but an atomic update, or import the front door or the
 //! fleet state (both count into it; it reads only the routing core's decision types).
@@ -45,6 +46,9 @@ pub struct Metrics {
     /// Requests whose prompt extends an earlier one, and the further requests a conversation
     /// is expected to bring (the policy's horizon, [`super::sessions`]).
     pub follow_ups: IntCounter,
+    /// Client `traceparent` headers ignored as malformed while tracing is on
+    /// ([`super::otel`]).
+    pub trace_context_invalid: IntCounter,
     /// Workers ejected after failed requests in a row.
     pub ejections: IntCounterVec,
     /// Worker-side request failures by reason ([`super::forward`]'s `Failure`).
@@ -351,6 +355,11 @@ impl Metrics {
             "Further requests a conversation is expected to bring after the current one",
         ));
         must(registry.register(Box::new(follow_ups.clone())));
+        let trace_context_invalid = must(IntCounter::new(
+            "kvroute_trace_context_invalid_total",
+            "Client traceparent headers ignored as malformed (tracing on; the request starts a trace of its own)",
+        ));
+        must(registry.register(Box::new(trace_context_invalid.clone())));
         must(registry.register(Box::new(blind_overpromised.clone())));
         let ejections = must(IntCounterVec::new(
             Opts::new(
@@ -518,6 +527,7 @@ impl Metrics {
             blind_overpromised,
             cached_forgone,
             follow_ups,
+            trace_context_invalid,
             ejections,
             upstream_failures,
             expected_follow_ups,

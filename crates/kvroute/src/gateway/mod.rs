@@ -3,7 +3,7 @@
 //! Its modules import one way, checked by `tools/modcycles.py` in CI:
 //! - the front door: the listeners ([`listen`], their TLS [`tls`]), the request's parse and validation
 //!   ([`request`], [`tokenize`]), the tenants ([`tenants`]), the proxy handler ([`proxy`],
-//!   [`forward`], [`disagg`], the error bodies [`reply`]), reading answers ([`answer`]), the
+//!   [`forward`], [`disagg`], the error bodies [`reply`]), its traces ([`otel`]), reading answers ([`answer`]), the
 //!   admin API ([`admin`]), the probes ([`probes`]), reloads ([`reload`]), the shared state
 //!   ([`state`]) and starting it all ([`server`]);
 //! - the fleet state: the registry ([`registry`]), health checks ([`health`]), engine load
@@ -34,6 +34,7 @@ pub mod health;
 pub mod intake;
 pub mod listen;
 pub mod metrics;
+pub mod otel;
 pub mod peer_wire;
 pub mod peers;
 pub mod pending;

@@ -10,7 +10,9 @@
 //! worker when the upstream failed before any byte reached the client. Forwarding itself (SSE
 //! passed through, load accounting, recording the engine-reported cached tokens against the
 //! prediction) is [`super::forward`]'s; a model with prefill and decode workers is handed to
-//! [`super::disagg`] after the decision.
+//! [`super::disagg`] after the decision. Each request's trace ([`super::otel`]) is started
+//! here: the root span, then one span per stage (`parse`, `tokenize`, `decide` with the
+//! decision's attributes), ended with the answer's body.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
 use super::decide::{
@@ -18,7 +20,8 @@ use super::decide::{
     RouteRequest,
 };
 use super::disagg;
-use super::forward::{attach_decision, forward, Booking, Endpoint};
+use super::forward::{attach_decision, forward, Booking, Endpoint, Outgoing};
+use super::otel::RequestTrace;
 use super::registry::{Registry, Worker};
 use super::reply::{error, invalid};
 use super::request;
@@ -33,6 +36,7 @@ use axum::Json;
 use futures_util::StreamExt;
 use kvroute_index::BlockExtras;
 use kvroute_route::PolicyKind;
+use opentelemetry::KeyValue;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -51,10 +55,11 @@ pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bod
 }
 
 async fn handle(st: Arc<AppState>, headers: HeaderMap, body: Body, ep: Endpoint) -> Response {
+    let trace = st.otel.request(&headers, ep.span_name(), ep.path());
     let r = match st.tenants.admit(&headers) {
         Err(rejected) => rejected.into_response(),
         Ok(admission) => {
-            let r = route(&st, &headers, body, ep, admission.as_ref()).await;
+            let r = route(&st, &headers, body, ep, admission.as_ref(), &trace).await;
             held_until_body_ends(r, admission)
         }
     };
@@ -63,7 +68,7 @@ async fn handle(st: Arc<AppState>, headers: HeaderMap, body: Body, ep: Endpoint)
         .requests
         .with_label_values(&[ep.label(), &class])
         .inc();
-    r
+    trace.finish(r)
 }
 
 /// Keeps the tenant's admission (its concurrency slot) alive as long as a streamed body; a
@@ -126,8 +131,9 @@ async fn route(
     body: Body,
     ep: Endpoint,
     admission: Option<&Admission>,
+    trace: &RequestTrace,
 ) -> Response {
-    let admitted = match admit(st, body, ep, admission).await {
+    let admitted = match admit(st, body, ep, admission, trace).await {
         Ok(a) => a,
         Err(r) => return r,
     };
@@ -135,7 +141,10 @@ async fn route(
         || headers
             .get("x-kvroute-explain")
             .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes() == b"true");
+    let mut stage = trace.stage("decide");
     let decided = decide(st, &admitted, explain);
+    stage.record(|| decision_attributes(&decided));
+    drop(stage);
     if let Some(decode) = &decided.decode {
         let legs = disagg::Legs {
             ep,
@@ -145,10 +154,43 @@ async fn route(
             decode,
             policy: decided.policy.name(),
             explain,
+            trace,
         };
         return disagg::serve(st, legs).await;
     }
-    serve(st, ep, &admitted, &decided, explain).await
+    serve(st, ep, &admitted, &decided, explain, trace).await
+}
+
+/// The `decide` span's attributes: the policy, the worker ranked first and what was predicted
+/// for it, the prompt's length and how many candidates were ranked (the decode worker of a
+/// split model too).
+fn decision_attributes(d: &Decided<'_>) -> Vec<KeyValue> {
+    let dec = &d.ranked.decision;
+    let hit = if dec.prompt_tokens > 0 {
+        dec.predicted_cached as f64 / dec.prompt_tokens as f64
+    } else {
+        0.0
+    };
+    let mut a = vec![
+        KeyValue::new("kvroute.policy", d.policy.name()),
+        KeyValue::new("kvroute.worker", dec.worker.clone()),
+        KeyValue::new("kvroute.prompt_tokens", dec.prompt_tokens as i64),
+        KeyValue::new("kvroute.candidates", dec.candidates.len() as i64),
+        KeyValue::new(
+            "kvroute.predicted_cached_tokens",
+            dec.predicted_cached as i64,
+        ),
+        KeyValue::new("kvroute.predicted_hit_ratio", hit),
+        KeyValue::new("kvroute.predicted_ttft_ms", dec.predicted_ttft_ms),
+        KeyValue::new("kvroute.decision_us", dec.decision_us as i64),
+    ];
+    if let Some(decode) = &d.decode {
+        a.push(KeyValue::new(
+            "kvroute.decode_worker",
+            decode.decision.worker.clone(),
+        ));
+    }
+    a
 }
 
 /// A request the front door let in: its body, how it is hashed, its candidates and its tokens.
@@ -162,18 +204,26 @@ struct Admitted {
     tokens: Vec<u32>,
 }
 
-/// Reads and validates the body, finds the workers serving its model (an adapter request is
-/// hashed with the adapter's key, on the workers serving it), tokenizes the prompt, and charges
-/// the tenant its tokens.
+/// Reads and validates the body (the `parse` stage), finds the workers serving its model (an
+/// adapter request is hashed with the adapter's key, on the workers serving it), tokenizes the
+/// prompt (the `tokenize` stage), and charges the tenant its tokens.
 async fn admit(
     st: &Arc<AppState>,
     body: Body,
     ep: Endpoint,
     admission: Option<&Admission>,
+    trace: &RequestTrace,
 ) -> Result<Admitted, Response> {
-    let raw = read_body(st, body).await?;
+    let mut stage = trace.stage("parse");
+    let raw = read_body(st, body)
+        .await
+        .inspect_err(|_| stage.fail(|| "the body could not be read".into()))?;
     let parsed =
-        request::parse(&raw, ep == Endpoint::Chat, &st.registry.models()).map_err(invalid)?;
+        request::parse(&raw, ep == Endpoint::Chat, &st.registry.models()).map_err(|e| {
+            stage.fail(|| e.message.clone());
+            invalid(e)
+        })?;
+    drop(stage);
     let request::Parsed {
         body: req,
         model,
@@ -190,7 +240,18 @@ async fn admit(
             format!("no healthy worker serves `{model}`"),
         ));
     }
-    let tokens = match tokenize(st, &input, &model, &workers).await {
+    trace.record(|| vec![KeyValue::new("gen_ai.request.model", model.clone())]);
+    let mut stage = trace.stage("tokenize");
+    let tokens = tokenize(st, &input, &model, &workers).await;
+    if let Err(e) = &tokens {
+        stage.fail(|| e.to_string());
+    }
+    stage.record(|| {
+        let n = tokens.as_ref().map_or(0, Vec::len);
+        vec![KeyValue::new("kvroute.prompt_tokens", n as i64)]
+    });
+    drop(stage);
+    let tokens = match tokens {
         Ok(t) => t,
         Err(TokenizeError::Invalid(m)) => return Err(error(StatusCode::BAD_REQUEST, m)),
         Err(e) => return Err(error(StatusCode::BAD_GATEWAY, e.to_string())),
@@ -323,6 +384,7 @@ async fn serve(
     a: &Admitted,
     d: &Decided<'_>,
     explain: bool,
+    trace: &RequestTrace,
 ) -> Response {
     let ranked = &d.ranked;
     let mut last_err = String::new();
@@ -332,7 +394,15 @@ async fn serve(
         decision.worker = worker.spec.name.clone();
         decision.predicted_cached = booking.predicted;
         decision.predicted_ttft_ms = booking.work.map_or(0.0, |(_, ms)| ms);
-        match forward(st, worker, ep, a.raw.clone(), a.stream, booking).await {
+        let out = Outgoing {
+            ep,
+            body: a.raw.clone(),
+            stream: a.stream,
+            trace,
+            leg: "whole",
+            attempt,
+        };
+        match forward(st, worker, out, booking).await {
             Ok(mut resp) => {
                 st.metrics
                     .decisions

@@ -10,7 +10,8 @@
 //! Invariants: a configuration that does not read or validate is rejected whole with the
 //! reason, and nothing of it is applied; settings that need a restart (the listen addresses,
 //! the digest cache, the health and load-poll intervals, the listeners' connection limits, the
-//! snapshot path and interval, the engines' CA bundle, TLS turned on or off on a listener) keep their running values and are
+//! snapshot path and interval, the engines' CA bundle, the `[tracing]` section, TLS turned on or
+//! off on a listener) keep their running values and are
 //! reported; after a reload the policy is the file's (flags still override it), also when the
 //! admin API had switched it; workers keep their index state unless their spec changed.
 //! Must not: restart listeners or touch connections.
@@ -134,7 +135,8 @@ pub async fn reload_with(
         max_header_bytes,
         snapshot_path,
         snapshot_interval_secs,
-        engine_ca_file
+        engine_ca_file,
+        tracing
     );
     // Turning TLS on or off changes the listener: a restart. Its files are read again below.
     for (name, kept) in [

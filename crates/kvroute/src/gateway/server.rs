@@ -2,9 +2,10 @@
 //!
 //! Owns: `Gateway::start` (the configuration validated, the TLS files read, the shared [`AppState`] built, a
 //! snapshot loaded before the workers are added, both listeners bound, the background tasks
-//! started: health checks, load polls, discovery, periodic snapshots), which handler serves
+//! started: health checks, load polls, discovery, periodic snapshots; the trace exporter when
+//! configured), which handler serves
 //! which route ([`front_router`], [`admin_router`]), and `GatewayHandle::shutdown` (graceful,
-//! the snapshot written after the last request).
+//! the snapshot written after the last request, the last spans exported).
 //! Invariants: the admin API listens on its own address; the front never exposes admin routes.
 //! Must not: block the runtime (all upstream I/O is async), or be imported by a handler or a
 //! state module (it is the top of the gateway's layers: it imports them, never the reverse).
@@ -13,8 +14,8 @@ use super::config::file::GatewayConfig;
 use super::registry::Registry;
 use super::state::{AppState, Reloader};
 use super::{
-    admin, discovery, engine_poll, fleet, health, listen, metrics, peers, probes, proxy, snapshot,
-    tenants, tls, tokenize,
+    admin, discovery, engine_poll, fleet, health, listen, metrics, otel, peers, probes, proxy,
+    snapshot, tenants, tls, tokenize,
 };
 use axum::routing::{delete, get, post, put};
 use axum::Router;
@@ -69,6 +70,8 @@ impl GatewayHandle {
         for w in self.state.registry.all() {
             let _ = self.state.registry.remove(&w.spec.name).await;
         }
+        // The last requests' spans go out before the exporter stops.
+        self.state.otel.shutdown().await;
     }
 }
 
@@ -133,6 +136,8 @@ impl Gateway {
         }
         let client = client.build()?;
         let metrics = metrics::Metrics::new();
+        let export = otel::export::resolve(config.tracing.as_ref(), |k| std::env::var(k).ok())?;
+        let otel = otel::Tracing::new(export.as_ref(), metrics.trace_context_invalid.clone())?;
         let tenants = tenants::Tenants::new(&config.tenants, metrics.tenants.clone())?;
         let peers = Arc::new(peers::Peers::new(&config.peers, metrics.peers.clone()));
         let state = Arc::new(AppState {
@@ -154,6 +159,7 @@ impl Gateway {
             reloader: Reloader::default(),
             unclaimed: snapshot::Unclaimed::default(),
             started: std::time::Instant::now(),
+            otel,
         });
         let mut resume = BTreeMap::new();
         if let Some(path) = &config.snapshot_path {

@@ -2,7 +2,8 @@
 //!
 //! Owns: `AppState` (the live configuration behind `config()`, swapped whole by a reload; the
 //! registry, metrics, tokenizers, HTTP client, the listeners' TLS, live policy, round-robin counter, tenants, the
-//! fleet reconciler, snapshot status and unclaimed snapshot entries, the start time), writing a
+//! fleet reconciler, snapshot status and unclaimed snapshot entries, the start time, the
+//! request tracing), writing a
 //! snapshot of it, and where the configuration came from for reloads ([`Reloader`],
 //! [`ConfigSource`]). It gives the fleet state what it needs through
 //! [`FleetHost`](super::fleet::FleetHost).
@@ -14,7 +15,7 @@
 use super::config::file::GatewayConfig;
 use super::fleet::{Fleet, FleetHost};
 use super::registry::Registry;
-use super::{metrics, peers, snapshot, tenants, tls, tokenize};
+use super::{metrics, otel, peers, snapshot, tenants, tls, tokenize};
 use kvroute_route::PolicyKind;
 use parking_lot::RwLock;
 use std::path::PathBuf;
@@ -47,6 +48,8 @@ pub struct AppState {
     pub peers: Arc<peers::Peers>,
     /// When the gateway started (readiness waits a grace period for the first catch-up).
     pub started: std::time::Instant,
+    /// OpenTelemetry traces: off unless an OTLP endpoint is configured (set at the start).
+    pub otel: otel::Tracing,
 }
 
 impl AppState {

@@ -1,6 +1,7 @@
 //! The gateway's smaller integration suites, in one test binary (one link instead of ten):
 //! the circuit breaker, LoRA adapters, engine generations, several replicas, the front and
-//! admin API's errors, disaggregated prefill and decode, workers failing over HTTP, tenants at
+//! admin API's errors, disaggregated prefill and decode, workers failing over HTTP, OpenTelemetry
+//! traces against a real OTLP receiver, tenants at
 //! the front door, configuration reload and worker discovery. Each module says what it covers.
 
 #[path = "../common/mod.rs"]
@@ -18,4 +19,5 @@ mod reload;
 mod replicas;
 mod tenants;
 mod tiers;
+mod traces;
 mod worker_faults;

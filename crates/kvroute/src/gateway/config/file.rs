@@ -3,7 +3,9 @@
 //! Owns: `GatewayConfig` (listen addresses, policy and weights — the `[weights]` section is
 //! [`PolicyWeights`] —, limits, admin token, snapshot and shutdown settings, the front door's
 //! tenants ([`super::tenants::TenantSpec`]), the drain timeout, the `[discovery]` section
-//! ([`super::discovery::DiscoveryConfig`]), the `[peers]` section ([`PeersConfig`]), the TLS sections ([`ListenerTls`]) and the `workers` ([`WorkerSpec`])), its defaults,
+//! ([`super::discovery::DiscoveryConfig`]), the `[peers]` section ([`PeersConfig`]), the TLS
+//! sections ([`ListenerTls`]), the `[tracing]` section ([`TracingConfig`]) and the `workers`
+//! ([`WorkerSpec`])), its defaults,
 //! and its validation as a whole, naming the offending field.
 //! Invariants: it is plain data; its one import beyond the configuration is the routing core's
 //! [`PolicyKind`]. That is why it is a module of its own, and one `config` does not re-export:
@@ -12,6 +14,7 @@
 //! Must not: start anything, or import the front door or the fleet state.
 
 use super::discovery::DiscoveryConfig;
+use super::otel::TracingConfig;
 use super::peers::PeersConfig;
 use super::tenants::{self, TenantSpec};
 use super::tls::ListenerTls;
@@ -110,6 +113,10 @@ pub struct GatewayConfig {
     /// The other replicas this one shares its bookings with (`[peers]`; none: off).
     #[serde(default, skip_serializing_if = "PeersConfig::is_default")]
     pub peers: PeersConfig,
+    /// OpenTelemetry traces (`[tracing]`); none: the `OTEL_*` environment alone decides, and
+    /// with no endpoint there tracing is off. A change needs a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingConfig>,
 }
 
 fn default_client_timeout() -> f64 {
@@ -183,6 +190,7 @@ impl Default for GatewayConfig {
             admin_tls: None,
             engine_ca_file: None,
             peers: PeersConfig::default(),
+            tracing: None,
         }
     }
 }
@@ -269,6 +277,9 @@ impl GatewayConfig {
             .is_some_and(|p| p.as_os_str().is_empty())
         {
             return Err("engine_ca_file is empty".into());
+        }
+        if let Some(t) = &self.tracing {
+            t.validate()?;
         }
         if let Some(d) = &self.discovery {
             d.validate().map_err(|e| format!("discovery: {e}"))?;
