@@ -16,7 +16,7 @@ import statistics
 import sys
 
 PEERS = ("smg-cache", "smg-mesh", "vr-cache", "vr-kv")
-ORDER = ("kvroute-hybrid", "kvroute-blind", "smg-cache", "smg-mesh", "vr-cache", "vr-kv", "round-robin")
+ORDER = ("kvroute-hybrid", "kvroute-isolated", "kvroute-blind", "smg-cache", "smg-mesh", "vr-cache", "vr-kv", "round-robin")
 
 
 def load(outs):

@@ -31,7 +31,9 @@
 # 18300 + i (replay). Every one of these ports must be free before the script starts and is free
 # again after each run. `smg-mesh` is SMG's cache_aware policy with its mesh on
 # (--enable-mesh, --mesh-port, --mesh-peer-urls listing every other replica), so the replicas
-# share what they learn; `smg-cache` replicas run without it. kvroute's /admin/workers and
+# share what they learn; `smg-cache` replicas run without it. kvroute-hybrid replicas share
+# their bookings (--peer, every other replica's admin listener); kvroute-isolated replicas are
+# hybrid-aware without it. kvroute's /admin/workers and
 # /metrics are saved per replica (replica 0 as before, replica r as RUN.rR.workers.json and
 # RUN.rR.metrics.prom). Runs with another replica count belong in their own --out (the JSON
 # file names do not carry it; bench/matrix.py reads it from the JSON and marks the cell ×N).
@@ -183,10 +185,17 @@ start_replica() { # router preset replica
     if [ "$i" -ne "$3" ]; then peers+=("127.0.0.1:$((18500 + i))"); fi
   done
   if [ ${#peers[@]} -gt 0 ]; then mesh=(--mesh-peer-urls "${peers[@]}"); fi
+  # kvroute replicas share their bookings (--peer: every other replica's admin listener), as
+  # a deployment's [peers] does; kvroute-isolated replicas do not.
+  local kvpeers=()
+  for ((i = 0; i < REPLICAS; i++)); do
+    if [ "$i" -ne "$3" ]; then kvpeers+=(--peer "http://127.0.0.1:$((18081 + 2 * i))"); fi
+  done
   log="$OUT/logs/router-$1.log"
   if [ "$3" -gt 0 ]; then log="$OUT/logs/router-$1.r$3.log"; fi
   case "$1" in
-    kvroute-hybrid) exec "$KV" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --policy hybrid-aware ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
+    kvroute-hybrid) exec "$KV" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --policy hybrid-aware --replica-name "r$3" "${kvpeers[@]}" ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
+    kvroute-isolated) exec "$KV" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --policy hybrid-aware ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
     kvroute-blind) exec "$KV" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --policy group-blind ${KVROUTE_ARGS:-} "${kvw[@]}" ;;
     round-robin) exec "$KV" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --policy round-robin "${kvw[@]}" ;;
     smg-cache) exec "$VENVS/smg/bin/smg" launch --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \

@@ -141,6 +141,16 @@ pub struct BenchArgs {
     /// The in-process gateway's pricing of the next arrivals' wait (true | false).
     #[arg(long)]
     next_arrivals: Option<bool>,
+    /// The in-process gateway's draining of queued prefill at the learned rate (true | false).
+    #[arg(long)]
+    queue_drain: Option<bool>,
+    /// The in-process gateway's in-flight forecast (true | false).
+    #[arg(long)]
+    in_flight_forecast: Option<bool>,
+    /// In-process replicas (--replicas above 1) share their bookings as a deployment's
+    /// `[peers]` does (true, the default) or each counts only its own between engine polls.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    replica_peers: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -217,6 +227,9 @@ impl BenchArgs {
             prefill_stall: self.prefill_stall,
             eviction: self.eviction,
             next_arrivals: self.next_arrivals,
+            queue_drain: self.queue_drain,
+            in_flight_forecast: self.in_flight_forecast,
+            replica_peers: self.replica_peers,
         })
     }
 }

@@ -19,6 +19,7 @@
 use crate::gateway::config::{
     file::GatewayConfig, CostModel, KvEventsSpec, PolicyWeights, Role, WorkerSpec,
 };
+use crate::gateway::peers::SendContext;
 use crate::gateway::{Gateway, GatewayHandle};
 use anyhow::Result;
 use kvroute_route::PolicyKind;
@@ -154,16 +155,18 @@ pub async fn start(
     policy: PolicyKind,
     weights: PolicyWeights,
 ) -> Result<SimGateway> {
-    start_replicas(shape, policy, weights, 1).await
+    start_replicas(shape, policy, weights, 1, false).await
 }
 
-/// Starts a fresh fleet and `replicas` (at least one) independent gateways with `policy` and
-/// `weights` in front of it, every one subscribed to every worker's events.
+/// Starts a fresh fleet and `replicas` (at least one) gateways with `policy` and `weights` in
+/// front of it, every one subscribed to every worker's events, and with `peers` each told the
+/// others' admin URLs (`[peers]`: they share their bookings).
 pub async fn start_replicas(
     shape: &FleetShape,
     policy: PolicyKind,
     weights: PolicyWeights,
     replicas: usize,
+    peers: bool,
 ) -> Result<SimGateway> {
     let (fleet, roles) = start_fleet(shape).await?;
     let mut g = GatewayConfig {
@@ -198,8 +201,12 @@ pub async fn start_replicas(
             }
         }
     }
-    // Let the subscriptions connect before the first request.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    if peers && gateways.len() > 1 {
+        join_peers(&gateways);
+    }
+    for gw in &gateways {
+        wait_ready(gw).await;
+    }
     let urls: Vec<String> = gateways
         .iter()
         .map(|gw| format!("http://{}", gw.addr))
@@ -210,4 +217,41 @@ pub async fn start_replicas(
         gateways,
         fleet,
     })
+}
+
+/// Tells every gateway the others' admin URLs (what `[peers] urls` would, once their ports are
+/// known).
+fn join_peers(gateways: &[GatewayHandle]) {
+    let urls: Vec<String> = gateways
+        .iter()
+        .map(|gw| format!("http://{}", gw.admin_addr))
+        .collect();
+    for gw in gateways {
+        let mut cfg = (*gw.state.config()).clone();
+        cfg.peers.urls = urls
+            .iter()
+            .filter(|u| **u != format!("http://{}", gw.admin_addr))
+            .cloned()
+            .collect();
+        gw.state
+            .peers
+            .configure(&cfg.peers, SendContext::new(&gw.state.client, &cfg));
+    }
+}
+
+/// Waits (10 s at most) until the gateway answers `/health/ready` with 200: its event
+/// subscriptions caught up, so the first request is predicted from the engines' state.
+async fn wait_ready(gw: &GatewayHandle) {
+    let url = format!("http://{}/health/ready", gw.addr);
+    let client = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if let Ok(r) = client.get(&url).send().await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::warn!(gateway = %gw.addr, "not ready after 10 s: benchmarking anyway");
 }

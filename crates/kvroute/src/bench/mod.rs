@@ -179,6 +179,12 @@ pub struct BenchOptions {
     pub eviction: Option<bool>,
     /// The in-process gateway's `weights.next_arrivals` (default: the gateway's own).
     pub next_arrivals: Option<bool>,
+    /// The in-process gateway's `weights.queue_drain`.
+    pub queue_drain: Option<bool>,
+    /// The in-process gateway's `weights.in_flight_forecast`.
+    pub in_flight_forecast: Option<bool>,
+    /// In-process replicas share their bookings (`[peers]`, as a deployment configures them).
+    pub replica_peers: bool,
 }
 
 impl Default for BenchOptions {
@@ -222,6 +228,9 @@ impl Default for BenchOptions {
             prefill_stall: None,
             eviction: None,
             next_arrivals: None,
+            queue_drain: None,
+            in_flight_forecast: None,
+            replica_peers: true,
         }
     }
 }
@@ -257,6 +266,12 @@ async fn start_kvroute(
     if let Some(n) = o.next_arrivals {
         weights.next_arrivals = n;
     }
+    if let Some(q) = o.queue_drain {
+        weights.queue_drain = q;
+    }
+    if let Some(f) = o.in_flight_forecast {
+        weights.in_flight_forecast = f;
+    }
     weights.cost = simfleet::cost_for(o.speedup, o.cost);
     let shape = FleetShape {
         preset: fleet.preset.clone(),
@@ -265,7 +280,7 @@ async fn start_kvroute(
         speedup: o.speedup,
         pd,
     };
-    simfleet::start_replicas(&shape, policy, weights, o.replicas).await
+    simfleet::start_replicas(&shape, policy, weights, o.replicas, o.replica_peers).await
 }
 
 fn shape(o: &BenchOptions) -> Result<workload::Shape> {
