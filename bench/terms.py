@@ -85,5 +85,25 @@ def main(d):
               f"{'on' if keep else 'off'} |")
 
 
+def summary(d):
+    """Per cell, replica count and setting: each figure's mean and range over the repeats."""
+    runs = load(d)
+    print("| cell | replicas | setting | runs | " + " | ".join(n for n, _ in FIGURES) + " |")
+    print("|---|---|---|---|" + "---|" * len(FIGURES))
+    for (cell, rep, setting) in sorted(runs):
+        ts = runs[(cell, rep, setting)]
+        row = []
+        for name, _ in FIGURES:
+            v = [figure(t, name) for t in ts if figure(t, name) is not None]
+            if not v:
+                row.append("—")
+                continue
+            scale = 100 if name == "reuse" else 1
+            row.append(f"{statistics.mean(v) * scale:.1f} [{min(v) * scale:.1f}–{max(v) * scale:.1f}]")
+        print(f"| {cell} | {rep[1:]} | {setting} | {len(ts)} | " + " | ".join(row) + " |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/out")
+    args = [a for a in sys.argv[1:] if a != "--summary"]
+    d = args[0] if args else "bench/out"
+    summary(d) if "--summary" in sys.argv else main(d)

@@ -760,16 +760,32 @@ async fn the_configmap_discovers_the_headless_service_s_pods_by_srv_records_and_
     };
     let first = complete().await;
     assert!(want.iter().any(|w| first["worker"] == *w), "{first}");
+    // Wait (asking the admin API's explain, which changes nothing) until the gateway's index
+    // holds the prompt on the pod that served it; only then send it again.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let again = complete().await;
-        if again["predicted_cached"].as_u64().unwrap_or(0) > 0 {
-            assert_eq!(again["worker"], first["worker"]);
+        let v: Value = client
+            .post(format!("http://{}/admin/explain", gw.admin))
+            .bearer_auth(TOKEN)
+            .json(&json!({"tokens": prompt, "model": model}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let held = v["predictions"].as_array().into_iter().flatten().any(|p| {
+            p["worker"] == first["worker"] && p["cached"].as_u64().unwrap_or(0) > 0
+        });
+        if held {
             break;
         }
-        assert!(Instant::now() < deadline, "never predicted cached: {again}");
+        assert!(Instant::now() < deadline, "the pod's events never arrived: {v}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let again = complete().await;
+    assert_eq!(again["worker"], first["worker"], "{again}");
+    assert!(again["predicted_cached"].as_u64().unwrap_or(0) > 0, "{again}");
 
     // What the ServiceMonitor scrapes.
     let sm = m.get("ServiceMonitor", "kvroute");
