@@ -774,18 +774,26 @@ async fn the_configmap_discovers_the_headless_service_s_pods_by_srv_records_and_
             .json()
             .await
             .unwrap();
-        let held = v["predictions"].as_array().into_iter().flatten().any(|p| {
-            p["worker"] == first["worker"] && p["cached"].as_u64().unwrap_or(0) > 0
-        });
+        let held = v["predictions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["worker"] == first["worker"] && p["cached"].as_u64().unwrap_or(0) > 0);
         if held {
             break;
         }
-        assert!(Instant::now() < deadline, "the pod's events never arrived: {v}");
+        assert!(
+            Instant::now() < deadline,
+            "the pod's events never arrived: {v}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let again = complete().await;
     assert_eq!(again["worker"], first["worker"], "{again}");
-    assert!(again["predicted_cached"].as_u64().unwrap_or(0) > 0, "{again}");
+    assert!(
+        again["predicted_cached"].as_u64().unwrap_or(0) > 0,
+        "{again}"
+    );
 
     // What the ServiceMonitor scrapes.
     let sm = m.get("ServiceMonitor", "kvroute");
