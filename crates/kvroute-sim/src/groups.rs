@@ -152,7 +152,7 @@ pub fn find(
                         continue;
                     }
                     for (o, f) in out.iter_mut().zip(found) {
-                        o.extend(std::iter::repeat(NULL).take(i));
+                        o.extend(std::iter::repeat_n(NULL, i));
                         o.push(f);
                     }
                     return (out, (i + 1) * b);
@@ -192,7 +192,7 @@ pub fn add_local_computed(
     let rest = hit_blocks.get(skipped..).unwrap_or_default();
     pool.touch(rest);
     let r = g.reqs.entry(req).or_default();
-    r.blocks.extend(std::iter::repeat(NULL).take(skipped));
+    r.blocks.extend(std::iter::repeat_n(NULL, skipped));
     r.blocks.extend_from_slice(rest);
     r.num_cached = Some(r.blocks.len());
 }
@@ -321,8 +321,7 @@ pub fn allocate_new(
     if prev < skipped {
         let null_end = skipped - cp_block;
         if null_end > prev {
-            r.blocks
-                .extend(std::iter::repeat(NULL).take(null_end - prev));
+            r.blocks.extend(std::iter::repeat_n(NULL, null_end - prev));
         }
     }
     let n = required.saturating_sub(r.blocks.len());
@@ -555,7 +554,7 @@ fn mamba_partial_tail(
         let mut retained = false;
         if pos % b == 0 && pos >= b {
             let bi = pos / b - 1;
-            retained = mask(g.spec.kind, b, bi, bi + 1, ctx, &[]).map_or(true, |m| m[0]);
+            retained = mask(g.spec.kind, b, bi, bi + 1, ctx, &[]).is_none_or(|m| m[0]);
         }
         if !prompt_cp && !retained && pos != req.shared_prefix_boundary {
             pool.evict(id);

@@ -372,7 +372,7 @@ impl BlockPool {
             let id = r.blocks.get(i).copied().unwrap_or(NULL);
             let keep = r
                 .mask
-                .map_or(true, |m| m.get(i - r.num_cached).copied().unwrap_or(false));
+                .is_none_or(|m| m.get(i - r.num_cached).copied().unwrap_or(false));
             if id == NULL || !keep {
                 continue;
             }

@@ -166,11 +166,13 @@ fn groups(pattern: &[(GroupKind, usize)], block: u32) -> Vec<GroupSpec> {
     pattern
         .iter()
         .flat_map(|(k, n)| {
-            std::iter::repeat(GroupSpec {
-                kind: *k,
-                block_size: block,
-            })
-            .take(*n)
+            std::iter::repeat_n(
+                GroupSpec {
+                    kind: *k,
+                    block_size: block,
+                },
+                *n,
+            )
         })
         .collect()
 }
