@@ -109,28 +109,6 @@ async fn start(cfg: GatewayConfig) -> GatewayHandle {
     Gateway::start(cfg).await.unwrap()
 }
 
-/// Waits until `GET {base}/health/ready`, asked with `client` (the listener's own scheme),
-/// answers 200 with every subscription caught up.
-async fn ready(client: &reqwest::Client, base: &str) {
-    let url = format!("{base}/health/ready");
-    common::wait::wait_for(
-        Duration::from_secs(20),
-        "the gateway to be ready",
-        || async {
-            let r = client.get(&url).send().await.map_err(|e| e.to_string())?;
-            let status = r.status().as_u16();
-            let body: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
-            let caught_up = body["catching_up"].as_array().is_some_and(Vec::is_empty);
-            if status == 200 && caught_up {
-                Ok(())
-            } else {
-                Err(format!("{status} {body}"))
-            }
-        },
-    )
-    .await
-}
-
 use common::metric;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,7 +128,7 @@ async fn the_official_openai_client_completes_a_request_over_https_with_the_test
     cfg.tls = Some(write_server(&dir, &ca));
     let gw = start(cfg).await;
     let base = format!("https://127.0.0.1:{}", gw.addr.port());
-    ready(&client(&ca.pem, None), &base).await;
+    common::ready_with(&client(&ca.pem, None), &base).await;
     let script = r#"
 import ssl, sys, openai
 ctx = ssl.create_default_context(cafile=sys.argv[2])
@@ -344,7 +322,7 @@ async fn an_engine_behind_tls_is_reached_over_https_with_the_configured_ca_bundl
     let mut cfg = common::gateway_config(vec![spec.clone()]);
     cfg.engine_ca_file = Some(dir.join("ca.pem"));
     let gw = start(cfg).await;
-    ready(&reqwest::Client::new(), &format!("http://{}", gw.addr)).await;
+    common::ready_at(&gw.addr.to_string()).await;
     let body = json!({"model": PRESET, "prompt": (3..203).collect::<Vec<u32>>(), "max_tokens": 4});
     let (status, decision, text) = common::post_completion(&gw, &body).await;
     assert_eq!(status, 200, "{text}");

@@ -33,6 +33,18 @@ struct RequestLine {
     get_num_new_matched_tokens: Vec<(usize, Option<usize>)>,
 }
 
+/// Every oracle fixture's directory, sorted.
+fn fixture_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.join("meta.json").exists())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 /// Applies the CPU tier's events (`medium = "CPU"`) of `frames` to `held` (group, hash).
 fn apply_cpu_events(frames: &[Frame], held: &mut HashSet<(u32, u64)>) {
     for f in frames {
@@ -136,13 +148,7 @@ fn check(dir: &Path) -> (usize, usize, Vec<String>) {
 
 #[test]
 fn the_simulator_s_offloading_rule_loads_what_vllm_s_connector_loaded_on_every_oracle_lookup() {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root())
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.join("meta.json").exists())
-        .collect();
-    dirs.sort();
+    let dirs = fixture_dirs();
     let (mut fixtures, mut compared, mut loaded, mut errors) = (0, 0, 0, Vec::new());
     for d in &dirs {
         let meta = std::fs::read_to_string(d.join("meta.json")).unwrap();
@@ -257,13 +263,7 @@ fn check_simple_cpu(dir: &Path) -> (usize, usize, Vec<String>) {
 #[test]
 fn the_simulator_s_simple_cpu_tier_serves_what_vllm_s_simple_connector_matched_on_every_oracle_lookup(
 ) {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root())
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.join("meta.json").exists())
-        .collect();
-    dirs.sort();
+    let dirs = fixture_dirs();
     let (mut fixtures, mut compared, mut loaded, mut errors) = (0, 0, 0, Vec::new());
     for d in &dirs {
         let meta = std::fs::read_to_string(d.join("meta.json")).unwrap();

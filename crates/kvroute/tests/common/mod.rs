@@ -237,13 +237,17 @@ pub async fn ready(gw: &GatewayHandle) {
 
 /// [`ready`] for the gateway whose front listener is `front` (an address).
 pub async fn ready_at(front: &str) {
+    ready_with(&reqwest::Client::new(), &format!("http://{front}")).await
+}
+
+/// [`ready`] asked at `base` (`scheme://host:port`) with `client` (a TLS listener's client).
+pub async fn ready_with(client: &reqwest::Client, base: &str) {
+    let url = format!("{base}/health/ready");
     wait_for(
         WAIT,
         "the gateway to be ready, every subscription caught up",
         || async {
-            let r = reqwest::get(format!("http://{front}/health/ready"))
-                .await
-                .map_err(|e| e.to_string())?;
+            let r = client.get(&url).send().await.map_err(|e| e.to_string())?;
             let status = r.status().as_u16();
             let body: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
             let caught_up = body["catching_up"].as_array().is_some_and(Vec::is_empty);
