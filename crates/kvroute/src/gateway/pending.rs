@@ -275,7 +275,12 @@ mod tests {
 
     #[test]
     fn a_prompt_announced_as_keys_and_tails_forecasts_what_the_prompt_itself_does() {
-        for (n, cps) in [(1000, [960, 512]), (130, [128, 0]), (700, [640, 100]), (64, [0, 0])] {
+        for (n, cps) in [
+            (1000, [960, 512]),
+            (130, [128, 0]),
+            (700, [640, 100]),
+            (64, [0, 0]),
+        ] {
             let tokens = seq(0..n);
             let whole = Pending::default();
             whole.add(&prompt(&tokens), cps);
