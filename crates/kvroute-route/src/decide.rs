@@ -16,8 +16,8 @@ use crate::config::{CostModel, PolicyKind, PolicyWeights, PrefillStall};
 use crate::rank::{rank, Candidate};
 use crate::snapshot::{Outlook, RequestFacts, Snapshot, WorkerFacts};
 use crate::terms::{
-    decode_interference_ms, delay_to_others_ms, eviction_ms, expected_output, faded,
-    junction_credit, later_turns_ms, load_delay_ms, next_arrivals_ms, prefill_stall_ms,
+    conversation_life_ms, decode_interference_ms, delay_to_others_ms, eviction_ms, expected_output,
+    faded, junction_credit, later_turns_ms, load_delay_ms, next_arrivals_ms, prefill_stall_ms,
     tier_load_ms,
 };
 use crate::work::Work;
@@ -74,7 +74,7 @@ fn horizon(policy: PolicyKind, req: &RequestFacts, snap: &Snapshot) -> Horizon {
         0.0
     };
     let cycle = snap.fleet.cycle.filter(|_| follow_ups > 0.0);
-    let life_ms = cycle.map_or(0.0, |(gap, _)| follow_ups * gap);
+    let life_ms = conversation_life_ms(follow_ups, snap.fleet.cycle).unwrap_or(0.0);
     let output_tokens = if policy.uses_cache() {
         expected_output(snap.fleet.output_mean, req.max_tokens)
     } else {

@@ -21,6 +21,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use kvroute_route::terms::conversation_life_ms;
 use kvroute_route::PolicyKind;
 use serde::Deserialize;
 use serde_json::json;
@@ -53,7 +54,7 @@ pub async fn list(State(st): State<Arc<AppState>>) -> Response {
     let now = std::time::Instant::now();
     let k = st.registry.follow_ups.expected();
     let cycle = st.registry.turns.cycle();
-    let life_ms = cycle.map_or(0.0, |(gap, _)| k * gap);
+    let life_ms = conversation_life_ms(k, cycle).unwrap_or(0.0);
     let workers: Vec<_> = st
         .registry
         .all()

@@ -5,7 +5,8 @@
 //! weighted mean of the gaps between the requests routed to it, on the gateway's monotonic
 //! clock; a worker that has gone quiet for longer than its mean gap is credited with the quiet
 //! time instead), shared as [`Arrivals`]; [`LeastLoadedShare`], the share of the fleet's
-//! requests that went to the worker whose load made them wait least. The two externalities
+//! requests that went to the worker whose load made them wait least (a plain estimator, shared
+//! as [`LeastLoaded`]). The two externalities
 //! the routing core prices from them (`kvroute_route::terms`, re-exported here) are:
 //! - [`delay_to_others_ms`]: an engine schedules waiting requests first come, first served
 //!   (vLLM's scheduler: running requests, then the waiting queue in order), so a request's own
@@ -30,8 +31,8 @@
 //! Invariants: the rate is 0 until two requests were seen, finite, and never negative; both
 //! externalities are 0 when the request adds no prefill, never negative, finite, and grow with
 //! the prefill and the rate (the core's tests and the ones below).
-//! Must not: read the index or workers; it sees decision times and numbers the caller
-//! computed.
+//! Must not: read the index, workers or the clock; it sees decision times and numbers the
+//! caller computed (the wrappers only lock).
 
 use parking_lot::Mutex;
 use std::time::Instant;
@@ -83,24 +84,44 @@ fn weighted(mean: Option<f64>, x: f64) -> f64 {
 }
 
 /// The share of routed requests that went to a worker whose load made them wait least (no
-/// candidate's load wait below the chosen one's), as an exponentially weighted mean over the
-/// fleet's requests (weight [`GAP_WEIGHT`]); 1 until the first request.
-#[derive(Debug, Default)]
+/// candidate's load wait below the chosen one's) as a plain estimator: an exponentially
+/// weighted mean over the fleet's requests (weight [`GAP_WEIGHT`]); 1 until the first request
+/// ([`LeastLoaded`] shares one between threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LeastLoadedShare {
-    mean: Mutex<Option<f64>>,
+    mean: Option<f64>,
 }
 
 impl LeastLoadedShare {
     /// Records a request that went to the worker whose load adds `chosen_ms` of wait, where
-    /// the least any candidate's load added was `least_ms`.
-    pub fn observe(&self, chosen_ms: f64, least_ms: f64) {
+    /// the least any candidate's load added was `least_ms` (a wait that is not a number is
+    /// not the least).
+    pub fn observe(&mut self, chosen_ms: f64, least_ms: f64) {
         let x = if chosen_ms <= least_ms { 1.0 } else { 0.0 };
-        let mut m = self.mean.lock();
-        *m = Some(weighted(*m, x));
+        self.mean = Some(weighted(self.mean, x));
     }
 
+    /// The share, in `[0, 1]`; 1 before any request (every arrival then counts).
     pub fn share(&self) -> f64 {
-        self.mean.lock().unwrap_or(1.0)
+        self.mean.unwrap_or(1.0)
+    }
+}
+
+/// The fleet's [`LeastLoadedShare`], shared by the decisions that record and read it.
+#[derive(Debug, Default)]
+pub struct LeastLoaded {
+    inner: Mutex<LeastLoadedShare>,
+}
+
+impl LeastLoaded {
+    /// [`LeastLoadedShare::observe`].
+    pub fn observe(&self, chosen_ms: f64, least_ms: f64) {
+        self.inner.lock().observe(chosen_ms, least_ms);
+    }
+
+    /// [`LeastLoadedShare::share`].
+    pub fn share(&self) -> f64 {
+        self.inner.lock().share()
     }
 }
 
@@ -200,7 +221,7 @@ mod tests {
 
     #[test]
     fn the_least_loaded_share_is_the_weighted_mean_of_requests_that_took_the_least_wait() {
-        let c = LeastLoadedShare::default();
+        let mut c = LeastLoadedShare::default();
         assert_eq!(c.share(), 1.0, "before any request every arrival counts");
         c.observe(0.0, 0.0);
         assert_eq!(c.share(), 1.0, "a tie for the least wait is the least wait");
@@ -219,6 +240,30 @@ mod tests {
             c.observe(10.0, 10.0);
         }
         assert!(c.share() > 1.0 - 1e-9, "{}", c.share());
+    }
+
+    #[test]
+    fn the_shared_least_loaded_share_is_the_plain_one_behind_a_lock() {
+        let (shared, mut plain) = (LeastLoaded::default(), LeastLoadedShare::default());
+        assert_eq!(shared.share(), plain.share());
+        for (chosen, least) in [(0.0, 0.0), (5.0, 1.0), (2.0, 2.0), (f64::NAN, 0.0)] {
+            shared.observe(chosen, least);
+            plain.observe(chosen, least);
+        }
+        assert_eq!(shared.share(), plain.share());
+    }
+
+    #[test]
+    fn a_worker_gone_quiet_is_credited_with_the_quiet_time() {
+        let mut r = RequestRate::default();
+        let t0 = Instant::now();
+        r.observe(t0);
+        r.observe(t0 + Duration::from_millis(10));
+        let t1 = t0 + Duration::from_millis(10);
+        assert!((r.per_ms(t1) - 0.1).abs() < 1e-12);
+        // Shorter quiet than the mean gap: the mean gap stands.
+        assert!((r.per_ms(t1 + Duration::from_millis(5)) - 0.1).abs() < 1e-12);
+        assert!((r.per_ms(t1 + Duration::from_millis(40)) - 0.025).abs() < 1e-12);
     }
 
     #[test]
@@ -272,6 +317,23 @@ mod tests {
             prop_assert!(delay_to_others_ms(own + more, rate, ttft) >= d);
             prop_assert!(delay_to_others_ms(own, rate + more / 1e3, ttft) >= d);
             prop_assert!(delay_to_others_ms(own, rate, ttft + more) >= d);
+        }
+
+        #[test]
+        fn the_least_loaded_share_equals_the_literal_weighted_mean_and_stays_a_share(
+            rows in proptest::collection::vec((0.0f64..100.0, 0.0f64..100.0), 0..300),
+        ) {
+            let mut c = LeastLoadedShare::default();
+            let mut want: Option<f64> = None;
+            for (chosen, other) in &rows {
+                let least = chosen.min(*other);
+                c.observe(*chosen, least);
+                let x = if chosen <= other { 1.0 } else { 0.0 };
+                want = Some(match want { Some(m) => m + GAP_WEIGHT * (x - m), None => x });
+            }
+            let got = c.share();
+            prop_assert!((got - want.unwrap_or(1.0)).abs() < 1e-12, "{} vs {:?}", got, want);
+            prop_assert!((0.0..=1.0).contains(&got));
         }
 
         #[test]

@@ -18,6 +18,7 @@ use super::config::PolicyWeights;
 use super::pending::{Forecast, Prompt};
 use super::registry::{Registry, Worker};
 use kvroute_index::{BlockExtras, Params, Query};
+use kvroute_route::terms::conversation_life_ms;
 use kvroute_route::{
     Candidate, FleetFacts, LiveFacts, Outlook, PolicyKind, RequestFacts, Snapshot, WorkerFacts,
 };
@@ -392,8 +393,8 @@ pub fn record_placement(
     }
     if gap.is_none() || moved {
         let k = registry.follow_ups.expected();
-        if let Some((cycle, _)) = registry.turns.cycle().filter(|_| k > 0.0) {
-            chosen.live.add(std::time::Instant::now(), k * cycle);
+        if let Some(life_ms) = conversation_life_ms(k, registry.turns.cycle()) {
+            chosen.live.add(std::time::Instant::now(), life_ms);
         }
     }
 }

@@ -9,7 +9,8 @@
 //! queued at its first token and booked there since, less what is queued at its last; `β` thus
 //! the engine's cost of a thousand prefill tokens) — the prefill chunks a decode step carries
 //! are the prefills', not the running requests', so δ is what a running request alone adds;
-//! [`OutputTokens`], the fleet's mean answer length. The routing core prices them
+//! [`AnswerLength`], the fleet's mean answer length (a plain estimator, shared as
+//! [`OutputTokens`]). The routing core prices them
 //! ([`decode_interference_ms`] and [`prefill_stall_ms`], re-exported from
 //! `kvroute_route::terms`). An engine decodes all
 //! its running sequences in every step (continuous batching), so each one lengthens every
@@ -130,34 +131,61 @@ impl DecodeModel {
     }
 }
 
-/// The fleet's mean answer length (completion tokens), an exponentially weighted mean over
-/// about the last 64 answers.
-#[derive(Debug, Default)]
-pub struct OutputTokens {
-    mean: Mutex<Option<f64>>,
-}
-
-/// Weight of the newest answer in [`OutputTokens`].
+/// Weight of the newest answer in [`AnswerLength`].
 pub const OUTPUT_WEIGHT: f64 = 1.0 / 64.0;
 
-impl OutputTokens {
-    pub fn observe(&self, tokens: u64) {
+/// The fleet's mean answer length (completion tokens) as a plain estimator: an exponentially
+/// weighted mean over about the last 64 answers, started by the first ([`OutputTokens`]
+/// shares one between threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AnswerLength {
+    /// `None` before the first answer.
+    mean: Option<f64>,
+}
+
+impl AnswerLength {
+    /// One answer of `tokens` completion tokens.
+    pub fn observe(&mut self, tokens: u64) {
         let t = tokens as f64;
-        let mut m = self.mean.lock();
-        *m = Some(match *m {
+        self.mean = Some(match self.mean {
             Some(x) => x + OUTPUT_WEIGHT * (t - x),
             None => t,
         });
     }
 
     pub fn mean(&self) -> Option<f64> {
-        *self.mean.lock()
+        self.mean
     }
 
-    /// What a request is expected to generate: the fleet's mean answer, capped by the
-    /// request's own `max_tokens`; its `max_tokens` before any answer was seen; else 0.
+    /// What a request is expected to generate ([`kvroute_route::terms::expected_output`]):
+    /// the fleet's mean answer, capped by the request's own `max_tokens`; its `max_tokens`
+    /// before any answer was seen; else 0.
     pub fn expected(&self, max_tokens: Option<u64>) -> f64 {
-        kvroute_route::terms::expected_output(self.mean(), max_tokens)
+        kvroute_route::terms::expected_output(self.mean, max_tokens)
+    }
+}
+
+/// The fleet's [`AnswerLength`], shared by the answers that teach it and the decisions that
+/// read it.
+#[derive(Debug, Default)]
+pub struct OutputTokens {
+    inner: Mutex<AnswerLength>,
+}
+
+impl OutputTokens {
+    /// [`AnswerLength::observe`].
+    pub fn observe(&self, tokens: u64) {
+        self.inner.lock().observe(tokens);
+    }
+
+    /// [`AnswerLength::mean`].
+    pub fn mean(&self) -> Option<f64> {
+        self.inner.lock().mean()
+    }
+
+    /// [`AnswerLength::expected`].
+    pub fn expected(&self, max_tokens: Option<u64>) -> f64 {
+        self.inner.lock().expected(max_tokens)
     }
 }
 pub use kvroute_route::terms::{decode_interference_ms, prefill_stall_ms};
@@ -243,13 +271,57 @@ mod tests {
 
     #[test]
     fn the_expected_answer_is_the_fleets_mean_capped_by_max_tokens() {
-        let o = OutputTokens::default();
+        let mut o = AnswerLength::default();
         assert_eq!(o.expected(None), 0.0);
         assert_eq!(o.expected(Some(16)), 16.0);
         o.observe(100);
         assert_eq!(o.expected(None), 100.0);
         assert_eq!(o.expected(Some(16)), 16.0);
+        assert_eq!(o.expected(Some(400)), 100.0);
+    }
+
+    #[test]
+    fn the_first_answer_is_the_mean_and_each_newer_one_weighs_a_sixty_fourth() {
+        let mut o = AnswerLength::default();
+        assert_eq!(o.mean(), None);
+        o.observe(100);
+        assert_eq!(o.mean(), Some(100.0));
         o.observe(36);
-        assert!((o.mean().unwrap() - (100.0 - 64.0 / 64.0)).abs() < 1e-9);
+        assert!((o.mean().unwrap_or(0.0) - (100.0 - 64.0 / 64.0)).abs() < 1e-9);
+        for _ in 0..2_000 {
+            o.observe(10);
+        }
+        assert!(
+            (o.mean().unwrap_or(0.0) - 10.0).abs() < 1e-6,
+            "{:?}",
+            o.mean()
+        );
+    }
+
+    #[test]
+    fn the_shared_answer_length_is_the_plain_one_behind_a_lock() {
+        let (shared, mut plain) = (OutputTokens::default(), AnswerLength::default());
+        for t in [5, 900, 0, 64, 64, 3] {
+            shared.observe(t);
+            plain.observe(t);
+        }
+        assert_eq!(shared.mean(), plain.mean());
+        assert_eq!(shared.expected(Some(40)), plain.expected(Some(40)));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_mean_answer_stays_within_the_answers_seen(
+            answers in proptest::collection::vec(0u64..100_000, 1..200),
+        ) {
+            let mut o = AnswerLength::default();
+            for t in &answers {
+                o.observe(*t);
+            }
+            let (lo, hi) = (answers.iter().min(), answers.iter().max());
+            let m = o.mean().unwrap_or(f64::NAN);
+            let (lo, hi) = (lo.copied().unwrap_or(0) as f64, hi.copied().unwrap_or(0) as f64);
+            proptest::prop_assert!(m >= lo - 1e-6 && m <= hi + 1e-6, "{} not in [{}, {}]", m, lo, hi);
+        }
     }
 }

@@ -13,7 +13,7 @@
 //! given, and goes only to workers serving the adapter from that path.
 //! Must not: choose workers (policy does) or proxy requests.
 
-use super::arrivals::{Arrivals, LeastLoadedShare};
+use super::arrivals::{Arrivals, LeastLoaded};
 use super::config::WorkerSpec;
 use super::conversations::{Live, TurnStats};
 use super::decoding::{DecodeModel, OutputTokens};
@@ -514,7 +514,7 @@ pub struct Registry {
     /// The fleet's turn cycle and follow-up prefill (the conversation charge).
     pub turns: TurnStats,
     /// The share of requests that went where their wait was least (the next arrivals' charge).
-    pub least_loaded: LeastLoadedShare,
+    pub least_loaded: LeastLoaded,
     pub wire_stats: Arc<WireStats>,
 }
 
@@ -528,7 +528,7 @@ impl Registry {
             output_tokens: OutputTokens::default(),
             follow_ups: FollowUps::default(),
             turns: TurnStats::default(),
-            least_loaded: LeastLoadedShare::default(),
+            least_loaded: LeastLoaded::default(),
             wire_stats: Arc::new(WireStats::new()),
         }
     }
