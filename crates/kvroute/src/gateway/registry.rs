@@ -309,12 +309,6 @@ impl Worker {
         *self.backlog.lock() = (left + tokens as f64, now);
     }
 
-    /// Load in tokens: queued prefill ([`Worker::queued_tokens`]) plus a decode charge per
-    /// running request ([`Worker::running`]).
-    pub fn load_tokens(&self, tokens_per_request: f64) -> f64 {
-        self.queued_tokens() as f64 + tokens_per_request * self.running() as f64
-    }
-
     /// A request failed on the worker's side (5xx, a timeout, a reset or broken answer);
     /// returns whether that ejected it: [`EJECT_AFTER`] in a row make it unhealthy until the
     /// health check, after its backoff, finds it answering again. Client errors (4xx) are not
