@@ -109,7 +109,11 @@ pub fn decide(
     let mut cands: Vec<Candidate> = snap
         .workers
         .iter()
-        .map(|w| candidate(policy, weights, req, &h, w, fleet_best))
+        .enumerate()
+        .map(|(slot, w)| Candidate {
+            slot,
+            ..candidate(policy, weights, req, &h, w, fleet_best)
+        })
         .collect();
     if policy.uses_cache() && weights.next_arrivals {
         price_next_arrivals(&mut cands, snap);
@@ -207,6 +211,7 @@ fn candidate(
         ms_per_token,
         cost: 0.0,
         checkpoints,
+        slot: 0,
     }
 }
 
