@@ -76,19 +76,27 @@ impl Chain {
         let mut h = 0x6b76_726f_7574_6531_u64;
         keys.push(h);
         for link in tokens.chunks_exact(LINK) {
-            h = xxh3_64_with_seed(&words(link), h);
+            h = digest(link, h);
             keys.push(h);
         }
         Chain(keys)
     }
 }
 
-fn words(tokens: &[u32]) -> Vec<u8> {
-    tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
+/// The xxh3 of at most [`LINK`] tokens' little-endian bytes with `seed`, written out on the
+/// stack (a link or a tail: every digest the tracker takes).
+fn digest(tokens: &[u32], seed: u64) -> u64 {
+    let mut bytes = [0u8; LINK * 4];
+    let n = tokens.len().min(LINK);
+    for (b, t) in bytes.chunks_exact_mut(4).zip(&tokens[..n]) {
+        b.copy_from_slice(&t.to_le_bytes());
+    }
+    xxh3_64_with_seed(&bytes[..n * 4], seed)
 }
 
+/// The digest of the tokens after a prompt's last full link (fewer than [`LINK`]).
 fn tail_digest(tokens: &[u32]) -> u64 {
-    xxh3_64_with_seed(&words(tokens), tokens.len() as u64)
+    digest(tokens, tokens.len() as u64)
 }
 
 impl FollowUpTracker {
@@ -409,6 +417,15 @@ mod tests {
         assert_eq!(shared.counts(), plain.counts());
         assert_eq!(shared.fraction(), plain.fraction());
         assert_eq!(shared.expected(), plain.expected());
+    }
+
+    #[test]
+    fn a_link_is_digested_as_its_little_endian_bytes() {
+        let link: Vec<u32> = (0..LINK as u32).map(|t| t * 0x0101_0101 + 7).collect();
+        let bytes: Vec<u8> = link.iter().flat_map(|t| t.to_le_bytes()).collect();
+        assert_eq!(digest(&link, 42), xxh3_64_with_seed(&bytes, 42));
+        assert_eq!(tail_digest(&link[..5]), xxh3_64_with_seed(&bytes[..20], 5));
+        assert_eq!(tail_digest(&[]), xxh3_64_with_seed(&[], 0));
     }
 
     fn prompts() -> impl Strategy<Value = Vec<Vec<u32>>> {
