@@ -65,16 +65,14 @@ pub async fn list(State(st): State<Arc<AppState>>) -> Response {
                 .fleet
                 .source_of(&w.spec.name)
                 .map_or("admin", |s| s.name());
+            let (live, per_ms) = {
+                let l = w.learners.lock();
+                (l.live.count(now, life_ms), l.arrivals.per_ms(now))
+            };
             if let Some(o) = v.as_object_mut() {
                 o.insert("source".into(), source.into());
-                o.insert(
-                    "live_conversations".into(),
-                    w.live.count(now, life_ms).into(),
-                );
-                o.insert(
-                    "requests_per_s".into(),
-                    (w.arrivals.per_ms(now) * 1e3).into(),
-                );
+                o.insert("live_conversations".into(), live.into());
+                o.insert("requests_per_s".into(), (per_ms * 1e3).into());
             }
             v
         })

@@ -4,7 +4,7 @@
 //! Owns: [`RequestRate`], a worker's request rate as a plain estimator (an exponentially
 //! weighted mean of the gaps between the requests routed to it, on the gateway's monotonic
 //! clock; a worker that has gone quiet for longer than its mean gap is credited with the quiet
-//! time instead), shared as [`Arrivals`]; [`LeastLoadedShare`], the share of the fleet's
+//! time instead), one of a worker's learners; [`LeastLoadedShare`], the share of the fleet's
 //! requests that went to the worker whose load made them wait least (a plain estimator, shared
 //! as [`LeastLoaded`]). The two externalities
 //! the routing core prices from them (`kvroute_route::terms`, re-exported here) are:
@@ -42,7 +42,8 @@ use std::time::Instant;
 pub const GAP_WEIGHT: f64 = 1.0 / 64.0;
 
 /// A worker's request rate as a plain estimator: the weighted mean gap between the requests
-/// routed there and when the last came ([`Arrivals`] shares one between threads).
+/// routed there and when the last came (one of a worker's learners,
+/// [`super::learners::Learners`], shared under the worker's one lock).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RequestRate {
     last: Option<Instant>,
@@ -125,23 +126,6 @@ impl LeastLoaded {
     }
 }
 
-/// One worker's [`RequestRate`], shared by the requests routed there.
-#[derive(Debug, Default)]
-pub struct Arrivals {
-    inner: Mutex<RequestRate>,
-}
-
-impl Arrivals {
-    /// Records a request routed at `now`.
-    pub fn observe(&self, now: Instant) {
-        self.inner.lock().observe(now);
-    }
-
-    /// [`RequestRate::per_ms`].
-    pub fn per_ms(&self, now: Instant) -> f64 {
-        self.inner.lock().per_ms(now)
-    }
-}
 pub use kvroute_route::terms::{delay_to_others_ms, next_arrivals_ms};
 
 #[cfg(test)]
@@ -152,7 +136,7 @@ mod tests {
 
     #[test]
     fn the_rate_is_the_inverse_of_the_mean_gap_between_requests() {
-        let a = Arrivals::default();
+        let mut a = RequestRate::default();
         let t0 = Instant::now();
         assert_eq!(a.per_ms(t0), 0.0);
         a.observe(t0);
@@ -169,7 +153,7 @@ mod tests {
 
     #[test]
     fn a_faster_stream_is_followed_within_a_few_hundred_requests() {
-        let a = Arrivals::default();
+        let mut a = RequestRate::default();
         let t0 = Instant::now();
         let mut t = t0;
         for _ in 0..100 {
@@ -185,7 +169,7 @@ mod tests {
 
     #[test]
     fn requests_at_the_same_instant_have_no_rate() {
-        let a = Arrivals::default();
+        let mut a = RequestRate::default();
         let t0 = Instant::now();
         a.observe(t0);
         a.observe(t0);
@@ -340,7 +324,7 @@ mod tests {
         fn the_rate_equals_the_literal_weighted_mean_of_the_gaps(
             gaps in proptest::collection::vec(0u64..1000, 1..100),
         ) {
-            let a = Arrivals::default();
+            let mut a = RequestRate::default();
             let t0 = Instant::now();
             let mut t = t0;
             a.observe(t);

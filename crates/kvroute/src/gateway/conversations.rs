@@ -6,7 +6,7 @@
 //! weighted means, learned from the traffic; a plain estimator, shared as [`TurnStats`]) and
 //! [`LiveCount`] (a worker's live conversations: one per conversation started or moved there,
 //! each fading with the expected remaining life of a conversation, `k · G` for `k` expected
-//! follow-ups, [`conversation_life_ms`]; a plain estimator, shared as [`Live`]). The routing
+//! follow-ups, [`conversation_life_ms`]; a plain estimator, one of a worker's learners). The routing
 //! core prices them ([`conversation_cost_ms`], re-exported from `kvroute_route::terms` with the
 //! life).
 //!
@@ -91,7 +91,8 @@ impl TurnStats {
 }
 
 /// A worker's live conversations as a plain estimator: how many were added, faded to the
-/// instant the last was, and that instant ([`Live`] shares one between threads). Each fades
+/// instant the last was, and that instant (one of a worker's learners,
+/// [`super::learners::Learners`], shared under the worker's one lock). Each fades
 /// with a conversation's expected remaining life, so, the life being the same throughout, the
 /// count is the sum of every added conversation's own fading (property-tested against that
 /// literal sum).
@@ -125,29 +126,6 @@ impl LiveCount {
     }
 }
 
-/// One worker's [`LiveCount`], shared by the decisions that read it and the placements that
-/// add to it.
-#[derive(Debug, Default)]
-pub struct Live {
-    inner: Mutex<LiveCount>,
-}
-
-impl Live {
-    /// [`LiveCount::add`].
-    pub fn add(&self, now: Instant, life_ms: f64) {
-        self.inner.lock().add(now, life_ms);
-    }
-
-    /// [`LiveCount::count`].
-    pub fn count(&self, now: Instant, life_ms: f64) -> f64 {
-        self.inner.lock().count(now, life_ms)
-    }
-
-    /// [`LiveCount::facts`].
-    pub fn facts(&self, now: Instant) -> Option<(f64, f64)> {
-        self.inner.lock().facts(now)
-    }
-}
 pub use kvroute_route::terms::{
     conversation_cost_ms, conversation_life_ms, follow_up_wait_ms, RHO_MAX,
 };
@@ -229,20 +207,6 @@ mod tests {
         live.add(t0, 1000.0);
         let (weight, age_ms) = live.facts(t1).expect("added");
         assert_eq!((weight, age_ms), (2.0, 0.0));
-    }
-
-    #[test]
-    fn the_shared_live_count_is_the_plain_one_behind_a_lock() {
-        let (shared, mut plain) = (Live::default(), LiveCount::default());
-        let t0 = Instant::now();
-        for ms in [0, 10, 250, 900] {
-            let t = t0 + Duration::from_millis(ms);
-            shared.add(t, 400.0);
-            plain.add(t, 400.0);
-        }
-        let t = t0 + Duration::from_millis(1200);
-        assert_eq!(shared.facts(t), plain.facts(t));
-        assert_eq!(shared.count(t, 400.0), plain.count(t, 400.0));
     }
 
     #[test]
