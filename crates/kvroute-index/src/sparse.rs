@@ -14,6 +14,7 @@
 //! Must not: change any state but the roster cache.
 
 use crate::chains::{walk_strided, Chains};
+use crate::event::WorkerId;
 use crate::index::{predict_rank, shared_stride, Detail, Index, Prediction, Query, RankId, Ranks};
 use crate::layout::Params;
 use crate::rank::HashMode;
@@ -159,6 +160,35 @@ impl Index {
         out
     }
 
+    /// [`Index::params_of`] of each worker of `workers`, in their order, under one read of the
+    /// rank map: what a router asks for every candidate that hits nothing. Workers listed in
+    /// ascending order (as a registry lists them) are found by walking the map forward from
+    /// the last one found (a galloping search), others by a search of the whole map; both
+    /// answer exactly as `params_of` (property-tested).
+    pub fn params_of_each(&self, workers: &[&WorkerId]) -> Vec<Option<(u32, Params)>> {
+        let ranks = self.ranks.read();
+        let sorted = &ranks.sorted;
+        // Where the last worker's ranks start, and that worker.
+        let mut from = 0;
+        let mut last: Option<&str> = None;
+        workers
+            .iter()
+            .map(|worker| {
+                let w: &str = worker;
+                let start = match last {
+                    // Not ascending: search the whole map.
+                    Some(l) if w < l => sorted.partition_point(|((x, _), _)| &**x < w),
+                    _ => from + gallop(&sorted[from..], |((x, _), _)| &**x < w),
+                };
+                (from, last) = (start, Some(w));
+                sorted[start..]
+                    .iter()
+                    .take_while(|((x, _), _)| &**x == w)
+                    .find_map(|((_, d), r)| r.read().params().map(|p| (*d, p)))
+            })
+            .collect()
+    }
+
     fn current_roster(&self, ranks: &Ranks, runs: &Runs) -> Arc<Roster> {
         let gen = self.layout_gen.load(Ordering::Acquire);
         let mut cache = self.roster.lock();
@@ -275,6 +305,20 @@ impl Index {
     }
 }
 
+/// The first position of `xs` where `before` no longer holds (`before` must hold for a prefix
+/// of `xs` only, as for `partition_point`), found by doubling steps from the start, then a
+/// binary search within the last step: O(log d) for an answer `d` positions in.
+fn gallop<T>(xs: &[T], before: impl Fn(&T) -> bool) -> usize {
+    let mut step = 1;
+    let mut lo = 0;
+    while lo + step <= xs.len() && before(&xs[lo + step - 1]) {
+        lo += step;
+        step *= 2;
+    }
+    let hi = (lo + step).min(xs.len());
+    lo + xs[lo..hi].partition_point(before)
+}
+
 #[cfg(test)]
 mod tests {
     use crate::event::{CacheKind, Event, Stored};
@@ -316,6 +360,41 @@ mod tests {
             "ids are never reused"
         );
         assert_eq!(index.hits_with_chain(65, &chain).len(), 2);
+    }
+
+    #[test]
+    fn a_gallop_finds_the_partition_point() {
+        let xs: Vec<u32> = (0..100).map(|x| x * 2).collect();
+        for v in 0..205 {
+            assert_eq!(
+                super::gallop(&xs, |x| *x < v),
+                xs.partition_point(|x| *x < v)
+            );
+        }
+        assert_eq!(super::gallop(&[] as &[u32], |x| *x < 3), 0);
+    }
+
+    proptest::proptest! {
+        /// Against the literal model: `params_of` asked for each worker alone.
+        #[test]
+        fn params_of_each_answers_as_params_of_each_worker_alone(
+            known in proptest::collection::btree_set(0u32..40, 0..20),
+            asked in proptest::collection::vec(0u32..45, 0..30),
+            ascending in proptest::bool::ANY,
+        ) {
+            let index = Index::new();
+            for w in &known {
+                index.apply(&store(&format!("w{w:02}"), 0, CacheKind::FullAttention, &[u64::from(*w) + 1]));
+            }
+            let mut names: Vec<crate::WorkerId> =
+                asked.iter().map(|w| format!("w{w:02}").as_str().into()).collect();
+            if ascending {
+                names.sort();
+            }
+            let refs: Vec<&crate::WorkerId> = names.iter().collect();
+            let want: Vec<_> = names.iter().map(|w| index.params_of(w)).collect();
+            proptest::prop_assert_eq!(index.params_of_each(&refs), want);
+        }
     }
 
     /// `predict_hits` is the dense prediction without its zeros, whatever the settings.

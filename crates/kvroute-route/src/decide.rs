@@ -16,8 +16,8 @@ use crate::config::{CostModel, PolicyKind, PolicyWeights, PrefillStall};
 use crate::rank::{rank, Candidate};
 use crate::snapshot::{Outlook, RequestFacts, Snapshot, WorkerFacts};
 use crate::terms::{
-    decode_interference_ms, delay_to_others_ms, eviction_ms, expected_output, faded,
-    junction_credit, later_turns_ms, load_delay_ms, next_arrivals_ms, prefill_stall_ms,
+    conversation_life_ms, decode_interference_ms, delay_to_others_ms, eviction_ms, expected_output,
+    faded, junction_credit, later_turns_ms, load_delay_ms, next_arrivals_ms, prefill_stall_ms,
     tier_load_ms,
 };
 use crate::work::Work;
@@ -74,7 +74,7 @@ fn horizon(policy: PolicyKind, req: &RequestFacts, snap: &Snapshot) -> Horizon {
         0.0
     };
     let cycle = snap.fleet.cycle.filter(|_| follow_ups > 0.0);
-    let life_ms = cycle.map_or(0.0, |(gap, _)| follow_ups * gap);
+    let life_ms = conversation_life_ms(follow_ups, snap.fleet.cycle).unwrap_or(0.0);
     let output_tokens = if policy.uses_cache() {
         expected_output(snap.fleet.output_mean, req.max_tokens)
     } else {
@@ -109,7 +109,11 @@ pub fn decide(
     let mut cands: Vec<Candidate> = snap
         .workers
         .iter()
-        .map(|w| candidate(policy, weights, req, &h, w, fleet_best))
+        .enumerate()
+        .map(|(slot, w)| Candidate {
+            slot,
+            ..candidate(policy, weights, req, &h, w, fleet_best)
+        })
         .collect();
     if policy.uses_cache() && weights.next_arrivals {
         price_next_arrivals(&mut cands, snap);
@@ -207,6 +211,7 @@ fn candidate(
         ms_per_token,
         cost: 0.0,
         checkpoints,
+        slot: 0,
     }
 }
 

@@ -98,6 +98,10 @@ pub struct Candidate {
     /// and its junction); recorded as in flight on the chosen worker.
     #[serde(skip)]
     pub checkpoints: [u64; 2],
+    /// The candidate's position among the snapshot's workers: how the gateway finds the
+    /// worker again without looking its name up (not reported).
+    #[serde(skip)]
+    pub slot: usize,
 }
 
 impl Candidate {
@@ -189,17 +193,20 @@ pub fn rank(
     if cands.is_empty() {
         return cands;
     }
+    // The candidates are ordered by their positions (`order`), and moved once at the end: a
+    // candidate is a few hundred bytes, and sorting them in place moved each many times.
     // Name order rotated by `rr`: round-robin's order, and the other policies' last key (a
     // stable sort below keeps it among candidates equal in cost and load).
-    cands.sort_by(|a, b| a.worker.cmp(&b.worker));
+    let mut order: Vec<usize> = (0..cands.len()).collect();
+    order.sort_by(|&a, &b| cands[a].worker.cmp(&cands[b].worker));
     let start = (rr % cands.len() as u64) as usize;
-    cands.rotate_left(start);
+    order.rotate_left(start);
     match policy {
         PolicyKind::RoundRobin => {
-            for (i, c) in cands.iter_mut().enumerate() {
-                c.cost = i as f64;
+            for (i, &k) in order.iter().enumerate() {
+                cands[k].cost = i as f64;
             }
-            return cands;
+            return in_order(cands, &order);
         }
         PolicyKind::LeastLoad => {
             for c in cands.iter_mut() {
@@ -218,8 +225,17 @@ pub fn rank(
             }
         }
     }
-    cands.sort_by(|a, b| a.cost.total_cmp(&b.cost).then(a.load.total_cmp(&b.load)));
-    cands
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&cands[a], &cands[b]);
+        a.cost.total_cmp(&b.cost).then(a.load.total_cmp(&b.load))
+    });
+    in_order(cands, &order)
+}
+
+/// `cands` rearranged so that the `i`-th is `cands[order[i]]` (`order` a permutation).
+fn in_order(cands: Vec<Candidate>, order: &[usize]) -> Vec<Candidate> {
+    let mut slots: Vec<Option<Candidate>> = cands.into_iter().map(Some).collect();
+    order.iter().filter_map(|&k| slots[k].take()).collect()
 }
 
 #[cfg(test)]
@@ -252,6 +268,7 @@ mod tests {
             ms_per_token: 0.0,
             cost: 0.0,
             checkpoints: [0, 0],
+            slot: 0,
         }
     }
 
@@ -367,6 +384,66 @@ mod tests {
                 rank(PolicyKind::HybridAware, warm.clone(), &w(1.0), rr)[0].worker,
                 "w2"
             );
+        }
+    }
+
+    /// The literal model of the ranking's order: the candidates themselves sorted by name,
+    /// rotated by `rr`, then stably sorted by cost and load.
+    fn sorted_in_place(
+        policy: PolicyKind,
+        cands: &[Candidate],
+        weights: &PolicyWeights,
+        rr: u64,
+    ) -> Vec<String> {
+        let mut c = cands.to_vec();
+        c.sort_by(|a, b| a.worker.cmp(&b.worker));
+        let start = (rr % c.len().max(1) as u64) as usize;
+        c.rotate_left(start);
+        if policy != PolicyKind::RoundRobin {
+            let cost = |x: &Candidate| match policy {
+                PolicyKind::LeastLoad => x.load,
+                _ => match weights.cost {
+                    CostModel::Ttft => cost_ms(x, weights),
+                    CostModel::Tokens => {
+                        x.expected_uncached() as f64 + weights.lambda * x.load
+                            - weights.junction * x.junction as f64
+                    }
+                },
+            };
+            c.sort_by(|a, b| cost(a).total_cmp(&cost(b)).then(a.load.total_cmp(&b.load)));
+        }
+        c.into_iter().map(|x| x.worker).collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_ranking_orders_candidates_as_sorting_them_in_place_would(
+            rows in proptest::collection::vec((0u8..6, 0u64..4, 0u8..4, 0u64..3), 0..24),
+            rr in 0u64..50, tokens in proptest::bool::ANY, pick in 0usize..4,
+        ) {
+            // Few distinct names, costs and loads: ties (and equal names) are common.
+            let cands: Vec<Candidate> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, (name, cached, load, ttft))| Candidate {
+                    slot: i,
+                    predicted_ttft_ms: *ttft as f64 * 10.0,
+                    ..c(&format!("w{name}"), cached * 16, 64, f64::from(*load))
+                })
+                .collect();
+            let policy = [
+                PolicyKind::HybridAware,
+                PolicyKind::GroupBlind,
+                PolicyKind::LeastLoad,
+                PolicyKind::RoundRobin,
+            ][pick];
+            let weights = if tokens { w(0.5) } else { PolicyWeights::default() };
+            let ranked = rank(policy, cands.clone(), &weights, rr);
+            let names: Vec<String> = ranked.iter().map(|x| x.worker.clone()).collect();
+            proptest::prop_assert_eq!(names, sorted_in_place(policy, &cands, &weights, rr));
+            let mut slots: Vec<usize> = ranked.iter().map(|x| x.slot).collect();
+            slots.sort_unstable();
+            proptest::prop_assert_eq!(slots, (0..cands.len()).collect::<Vec<_>>(), "each candidate once");
         }
     }
 

@@ -125,6 +125,31 @@ pub fn conversation_cost_ms(live: f64, k: f64, gap: f64, s: f64) -> (f64, f64) {
     }
 }
 
+/// Upper bound on a conversation's expected follow-ups (`p` ≥ 0.94): beyond it the load a
+/// worker shows now says nothing about what a conversation's distant turns will meet.
+pub const MAX_FOLLOW_UPS: f64 = 16.0;
+
+/// The further requests a conversation is expected to bring after this one, when a fraction
+/// `p` of the fleet's requests are follow-ups: sessions whose length is geometric with
+/// continuation probability `p` bring `p / (1 − p)` more, bounded by [`MAX_FOLLOW_UPS`] (0 for
+/// a fraction that is not a positive number). The horizon of [`later_turns_ms`].
+pub fn expected_follow_ups(p: f64) -> f64 {
+    if !p.is_finite() || p <= 0.0 {
+        return 0.0;
+    }
+    if p >= 1.0 {
+        return MAX_FOLLOW_UPS;
+    }
+    (p / (1.0 - p)).min(MAX_FOLLOW_UPS)
+}
+
+/// A new conversation's expected remaining life (ms): its `k` expected follow-ups, one per
+/// turn cycle `G` (`cycle`'s first figure), `k · G`; `None` with no follow-ups expected or no
+/// cycle learned yet (nothing then lives, or fades, anywhere).
+pub fn conversation_life_ms(k: f64, cycle: Option<(f64, f64)>) -> Option<f64> {
+    cycle.filter(|_| k > 0.0).map(|(gap, _)| k * gap)
+}
+
 /// The conversations still living on a worker: `weight` of them added `age_ms` ago, each
 /// fading with a conversation's expected remaining life `life_ms` (0 for a life that is not
 /// positive and finite).

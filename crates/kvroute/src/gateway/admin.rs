@@ -21,6 +21,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use kvroute_route::terms::conversation_life_ms;
 use kvroute_route::PolicyKind;
 use serde::Deserialize;
 use serde_json::json;
@@ -53,7 +54,7 @@ pub async fn list(State(st): State<Arc<AppState>>) -> Response {
     let now = std::time::Instant::now();
     let k = st.registry.follow_ups.expected();
     let cycle = st.registry.turns.cycle();
-    let life_ms = cycle.map_or(0.0, |(gap, _)| k * gap);
+    let life_ms = conversation_life_ms(k, cycle).unwrap_or(0.0);
     let workers: Vec<_> = st
         .registry
         .all()
@@ -64,16 +65,14 @@ pub async fn list(State(st): State<Arc<AppState>>) -> Response {
                 .fleet
                 .source_of(&w.spec.name)
                 .map_or("admin", |s| s.name());
+            let (live, per_ms) = {
+                let l = w.learners.lock();
+                (l.live.count(now, life_ms), l.arrivals.per_ms(now))
+            };
             if let Some(o) = v.as_object_mut() {
                 o.insert("source".into(), source.into());
-                o.insert(
-                    "live_conversations".into(),
-                    w.live.count(now, life_ms).into(),
-                );
-                o.insert(
-                    "requests_per_s".into(),
-                    (w.arrivals.per_ms(now) * 1e3).into(),
-                );
+                o.insert("live_conversations".into(), live.into());
+                o.insert("requests_per_s".into(), (per_ms * 1e3).into());
             }
             v
         })

@@ -104,7 +104,7 @@ impl DecodeTiming {
                     .saturating_sub(worker.queued_tokens());
                 let prefill = worked_off as f64 / steps;
                 let r = s.others_running as f64;
-                worker.decode.observe(prefill, r, itl_ms);
+                worker.learners.lock().decode.observe(prefill, r, itl_ms);
                 st.registry.fleet_decode.observe(prefill, r, itl_ms);
             }
         }

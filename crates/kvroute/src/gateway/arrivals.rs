@@ -4,8 +4,9 @@
 //! Owns: [`RequestRate`], a worker's request rate as a plain estimator (an exponentially
 //! weighted mean of the gaps between the requests routed to it, on the gateway's monotonic
 //! clock; a worker that has gone quiet for longer than its mean gap is credited with the quiet
-//! time instead), shared as [`Arrivals`]; [`LeastLoadedShare`], the share of the fleet's
-//! requests that went to the worker whose load made them wait least. The two externalities
+//! time instead), one of a worker's learners; [`LeastLoadedShare`], the share of the fleet's
+//! requests that went to the worker whose load made them wait least (a plain estimator, shared
+//! as [`LeastLoaded`]). The two externalities
 //! the routing core prices from them (`kvroute_route::terms`, re-exported here) are:
 //! - [`delay_to_others_ms`]: an engine schedules waiting requests first come, first served
 //!   (vLLM's scheduler: running requests, then the waiting queue in order), so a request's own
@@ -30,8 +31,8 @@
 //! Invariants: the rate is 0 until two requests were seen, finite, and never negative; both
 //! externalities are 0 when the request adds no prefill, never negative, finite, and grow with
 //! the prefill and the rate (the core's tests and the ones below).
-//! Must not: read the index or workers; it sees decision times and numbers the caller
-//! computed.
+//! Must not: read the index, workers or the clock; it sees decision times and numbers the
+//! caller computed (the wrappers only lock).
 
 use parking_lot::Mutex;
 use std::time::Instant;
@@ -41,7 +42,8 @@ use std::time::Instant;
 pub const GAP_WEIGHT: f64 = 1.0 / 64.0;
 
 /// A worker's request rate as a plain estimator: the weighted mean gap between the requests
-/// routed there and when the last came ([`Arrivals`] shares one between threads).
+/// routed there and when the last came (one of a worker's learners,
+/// [`super::learners::Learners`], shared under the worker's one lock).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RequestRate {
     last: Option<Instant>,
@@ -83,44 +85,47 @@ fn weighted(mean: Option<f64>, x: f64) -> f64 {
 }
 
 /// The share of routed requests that went to a worker whose load made them wait least (no
-/// candidate's load wait below the chosen one's), as an exponentially weighted mean over the
-/// fleet's requests (weight [`GAP_WEIGHT`]); 1 until the first request.
-#[derive(Debug, Default)]
+/// candidate's load wait below the chosen one's) as a plain estimator: an exponentially
+/// weighted mean over the fleet's requests (weight [`GAP_WEIGHT`]); 1 until the first request
+/// ([`LeastLoaded`] shares one between threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LeastLoadedShare {
-    mean: Mutex<Option<f64>>,
+    mean: Option<f64>,
 }
 
 impl LeastLoadedShare {
     /// Records a request that went to the worker whose load adds `chosen_ms` of wait, where
-    /// the least any candidate's load added was `least_ms`.
-    pub fn observe(&self, chosen_ms: f64, least_ms: f64) {
+    /// the least any candidate's load added was `least_ms` (a wait that is not a number is
+    /// not the least).
+    pub fn observe(&mut self, chosen_ms: f64, least_ms: f64) {
         let x = if chosen_ms <= least_ms { 1.0 } else { 0.0 };
-        let mut m = self.mean.lock();
-        *m = Some(weighted(*m, x));
+        self.mean = Some(weighted(self.mean, x));
     }
 
+    /// The share, in `[0, 1]`; 1 before any request (every arrival then counts).
     pub fn share(&self) -> f64 {
-        self.mean.lock().unwrap_or(1.0)
+        self.mean.unwrap_or(1.0)
     }
 }
 
-/// One worker's [`RequestRate`], shared by the requests routed there.
+/// The fleet's [`LeastLoadedShare`], shared by the decisions that record and read it.
 #[derive(Debug, Default)]
-pub struct Arrivals {
-    inner: Mutex<RequestRate>,
+pub struct LeastLoaded {
+    inner: Mutex<LeastLoadedShare>,
 }
 
-impl Arrivals {
-    /// Records a request routed at `now`.
-    pub fn observe(&self, now: Instant) {
-        self.inner.lock().observe(now);
+impl LeastLoaded {
+    /// [`LeastLoadedShare::observe`].
+    pub fn observe(&self, chosen_ms: f64, least_ms: f64) {
+        self.inner.lock().observe(chosen_ms, least_ms);
     }
 
-    /// [`RequestRate::per_ms`].
-    pub fn per_ms(&self, now: Instant) -> f64 {
-        self.inner.lock().per_ms(now)
+    /// [`LeastLoadedShare::share`].
+    pub fn share(&self) -> f64 {
+        self.inner.lock().share()
     }
 }
+
 pub use kvroute_route::terms::{delay_to_others_ms, next_arrivals_ms};
 
 #[cfg(test)]
@@ -131,7 +136,7 @@ mod tests {
 
     #[test]
     fn the_rate_is_the_inverse_of_the_mean_gap_between_requests() {
-        let a = Arrivals::default();
+        let mut a = RequestRate::default();
         let t0 = Instant::now();
         assert_eq!(a.per_ms(t0), 0.0);
         a.observe(t0);
@@ -148,7 +153,7 @@ mod tests {
 
     #[test]
     fn a_faster_stream_is_followed_within_a_few_hundred_requests() {
-        let a = Arrivals::default();
+        let mut a = RequestRate::default();
         let t0 = Instant::now();
         let mut t = t0;
         for _ in 0..100 {
@@ -164,7 +169,7 @@ mod tests {
 
     #[test]
     fn requests_at_the_same_instant_have_no_rate() {
-        let a = Arrivals::default();
+        let mut a = RequestRate::default();
         let t0 = Instant::now();
         a.observe(t0);
         a.observe(t0);
@@ -200,7 +205,7 @@ mod tests {
 
     #[test]
     fn the_least_loaded_share_is_the_weighted_mean_of_requests_that_took_the_least_wait() {
-        let c = LeastLoadedShare::default();
+        let mut c = LeastLoadedShare::default();
         assert_eq!(c.share(), 1.0, "before any request every arrival counts");
         c.observe(0.0, 0.0);
         assert_eq!(c.share(), 1.0, "a tie for the least wait is the least wait");
@@ -219,6 +224,30 @@ mod tests {
             c.observe(10.0, 10.0);
         }
         assert!(c.share() > 1.0 - 1e-9, "{}", c.share());
+    }
+
+    #[test]
+    fn the_shared_least_loaded_share_is_the_plain_one_behind_a_lock() {
+        let (shared, mut plain) = (LeastLoaded::default(), LeastLoadedShare::default());
+        assert_eq!(shared.share(), plain.share());
+        for (chosen, least) in [(0.0, 0.0), (5.0, 1.0), (2.0, 2.0), (f64::NAN, 0.0)] {
+            shared.observe(chosen, least);
+            plain.observe(chosen, least);
+        }
+        assert_eq!(shared.share(), plain.share());
+    }
+
+    #[test]
+    fn a_worker_gone_quiet_is_credited_with_the_quiet_time() {
+        let mut r = RequestRate::default();
+        let t0 = Instant::now();
+        r.observe(t0);
+        r.observe(t0 + Duration::from_millis(10));
+        let t1 = t0 + Duration::from_millis(10);
+        assert!((r.per_ms(t1) - 0.1).abs() < 1e-12);
+        // Shorter quiet than the mean gap: the mean gap stands.
+        assert!((r.per_ms(t1 + Duration::from_millis(5)) - 0.1).abs() < 1e-12);
+        assert!((r.per_ms(t1 + Duration::from_millis(40)) - 0.025).abs() < 1e-12);
     }
 
     #[test]
@@ -275,10 +304,27 @@ mod tests {
         }
 
         #[test]
+        fn the_least_loaded_share_equals_the_literal_weighted_mean_and_stays_a_share(
+            rows in proptest::collection::vec((0.0f64..100.0, 0.0f64..100.0), 0..300),
+        ) {
+            let mut c = LeastLoadedShare::default();
+            let mut want: Option<f64> = None;
+            for (chosen, other) in &rows {
+                let least = chosen.min(*other);
+                c.observe(*chosen, least);
+                let x = if chosen <= other { 1.0 } else { 0.0 };
+                want = Some(match want { Some(m) => m + GAP_WEIGHT * (x - m), None => x });
+            }
+            let got = c.share();
+            prop_assert!((got - want.unwrap_or(1.0)).abs() < 1e-12, "{} vs {:?}", got, want);
+            prop_assert!((0.0..=1.0).contains(&got));
+        }
+
+        #[test]
         fn the_rate_equals_the_literal_weighted_mean_of_the_gaps(
             gaps in proptest::collection::vec(0u64..1000, 1..100),
         ) {
-            let a = Arrivals::default();
+            let mut a = RequestRate::default();
             let t0 = Instant::now();
             let mut t = t0;
             a.observe(t);

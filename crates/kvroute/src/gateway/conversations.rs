@@ -4,10 +4,11 @@
 //! Owns: [`TurnCycle`] (the fleet's turn cycle `G`, the time from a prompt to its follow-up,
 //! and `S`, the prefill a follow-up costs on the worker it is sent to — both exponentially
 //! weighted means, learned from the traffic; a plain estimator, shared as [`TurnStats`]) and
-//! [`Live`] (a worker's live conversations: one per conversation started or moved there, each
-//! fading with the expected remaining life of a conversation, `k · G` for `k` expected
-//! follow-ups). The routing core prices them ([`conversation_cost_ms`], re-exported from
-//! `kvroute_route::terms`).
+//! [`LiveCount`] (a worker's live conversations: one per conversation started or moved there,
+//! each fading with the expected remaining life of a conversation, `k · G` for `k` expected
+//! follow-ups, [`conversation_life_ms`]; a plain estimator, one of a worker's learners). The routing
+//! core prices them ([`conversation_cost_ms`], re-exported from `kvroute_route::terms` with the
+//! life).
 //!
 //! The model: each live conversation brings one follow-up of `S` ms of prefill per cycle of
 //! `G` ms, so `L` of them keep the worker's prefill busy a fraction `ρ = L · S / G`. A
@@ -17,8 +18,9 @@
 //! there waits `W(L·ρ₁) − W((L−1)·ρ₁)` more per turn: a worker that just took several new
 //! conversations is priced with the turns they will bring, before its queue shows them.
 //! Invariants: every figure is finite and non-negative; the cost is 0 with no follow-ups
-//! expected or nothing learned yet, and grows with the live conversations.
-//! Must not: read the index or sockets; the caller brings times and numbers.
+//! expected or nothing learned yet, and grows with the live conversations; the plain
+//! estimators take the time as an argument, the wrappers only lock.
+//! Must not: read the index, sockets or the clock; the caller brings times and numbers.
 
 use kvroute_route::terms::faded;
 use parking_lot::Mutex;
@@ -88,23 +90,26 @@ impl TurnStats {
     }
 }
 
-/// A worker's live conversations, each fading with the expected remaining life of a
-/// conversation.
-#[derive(Debug, Default)]
-pub struct Live {
-    inner: Mutex<Option<(f64, Instant)>>,
+/// A worker's live conversations as a plain estimator: how many were added, faded to the
+/// instant the last was, and that instant (one of a worker's learners,
+/// [`super::learners::Learners`], shared under the worker's one lock). Each fades
+/// with a conversation's expected remaining life, so, the life being the same throughout, the
+/// count is the sum of every added conversation's own fading (property-tested against that
+/// literal sum).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LiveCount {
+    /// (conversations as of the last addition, when that was); `None` before the first.
+    last: Option<(f64, Instant)>,
 }
 
-impl Live {
+impl LiveCount {
     /// A conversation started (or moved) here at `now`; `life_ms` is a conversation's
-    /// expected remaining life.
-    pub fn add(&self, now: Instant, life_ms: f64) {
-        let mut g = self.inner.lock();
-        let before = g.map_or(0.0, |(w, t)| {
-            let age_ms = now.saturating_duration_since(t).as_secs_f64() * 1e3;
-            faded(w, age_ms, life_ms)
-        });
-        *g = Some((before + 1.0, now.max(g.map_or(now, |(_, t)| t))));
+    /// expected remaining life. One added before the last (threads racing) counts as added
+    /// with it: the instant never goes back.
+    pub fn add(&mut self, now: Instant, life_ms: f64) {
+        let before = self.count(now, life_ms);
+        let at = self.last.map_or(now, |(_, t)| now.max(t));
+        self.last = Some((before + 1.0, at));
     }
 
     /// The expected number of conversations still living here at `now`.
@@ -114,14 +119,16 @@ impl Live {
     }
 
     /// The conversations added here and how long ago the last was (ms), before fading: what
-    /// [`Live::count`] fades with a conversation's expected life.
+    /// [`LiveCount::count`] fades with a conversation's expected life.
     pub fn facts(&self, now: Instant) -> Option<(f64, f64)> {
-        self.inner
-            .lock()
+        self.last
             .map(|(w, t)| (w, now.saturating_duration_since(t).as_secs_f64() * 1e3))
     }
 }
-pub use kvroute_route::terms::{conversation_cost_ms, follow_up_wait_ms, RHO_MAX};
+
+pub use kvroute_route::terms::{
+    conversation_cost_ms, conversation_life_ms, follow_up_wait_ms, RHO_MAX,
+};
 
 #[cfg(test)]
 mod tests {
@@ -157,15 +164,56 @@ mod tests {
     }
 
     #[test]
-    fn live_conversations_fade_with_their_expected_life() {
-        let live = Live::default();
+    fn conversations_added_at_one_instant_fade_together_with_their_expected_life() {
+        let mut live = LiveCount::default();
         let t0 = Instant::now();
         live.add(t0, 1000.0);
         live.add(t0, 1000.0);
         assert!((live.count(t0, 1000.0) - 2.0).abs() < 1e-9);
         let later = live.count(t0 + Duration::from_millis(1000), 1000.0);
         assert!((later - 2.0 * (-1.0f64).exp()).abs() < 1e-9, "{later}");
-        assert_eq!(live.count(t0, 0.0), 0.0);
+        assert_eq!(live.count(t0, 0.0), 0.0, "no life, nobody living");
+        assert_eq!(live.count(t0, f64::INFINITY), 0.0);
+    }
+
+    #[test]
+    fn a_worker_nobody_was_sent_to_has_no_live_conversations() {
+        let live = LiveCount::default();
+        let t0 = Instant::now();
+        assert_eq!(live.facts(t0), None);
+        assert_eq!(live.count(t0, 1000.0), 0.0);
+    }
+
+    #[test]
+    fn an_earlier_conversation_has_faded_when_the_next_is_added() {
+        let mut live = LiveCount::default();
+        let t0 = Instant::now();
+        live.add(t0, 500.0);
+        let t1 = t0 + Duration::from_millis(500);
+        live.add(t1, 500.0);
+        let (weight, age_ms) = live.facts(t1).expect("added");
+        assert!((weight - (1.0 + (-1.0f64).exp())).abs() < 1e-12, "{weight}");
+        assert_eq!(age_ms, 0.0);
+        let (_, age_ms) = live.facts(t1 + Duration::from_millis(40)).expect("added");
+        assert!((age_ms - 40.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_conversation_added_late_by_a_racing_thread_does_not_move_the_instant_back() {
+        let mut live = LiveCount::default();
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(300);
+        live.add(t1, 1000.0);
+        live.add(t0, 1000.0);
+        let (weight, age_ms) = live.facts(t1).expect("added");
+        assert_eq!((weight, age_ms), (2.0, 0.0));
+    }
+
+    #[test]
+    fn a_conversation_lives_its_follow_ups_times_the_turn_cycle() {
+        assert_eq!(conversation_life_ms(3.0, Some((800.0, 40.0))), Some(2400.0));
+        assert_eq!(conversation_life_ms(0.0, Some((800.0, 40.0))), None);
+        assert_eq!(conversation_life_ms(3.0, None), None);
     }
 
     #[test]
@@ -191,6 +239,30 @@ mod tests {
             prop_assert!(a.is_finite() && a >= 0.0 && own_a <= a + 1e-9);
             prop_assert!(b + 1e-9 >= a, "{} then {}", a, b);
             prop_assert!(own_b + 1e-9 >= own_a);
+        }
+
+        #[test]
+        fn the_live_count_equals_the_literal_sum_of_each_conversations_own_fading(
+            gaps in proptest::collection::vec(0u64..3_000, 1..40),
+            life_ms in 1.0f64..5_000.0, after in 0u64..10_000,
+        ) {
+            let t0 = Instant::now();
+            let mut live = LiveCount::default();
+            let mut added = Vec::new();
+            let mut t = t0;
+            for g in gaps {
+                t += Duration::from_millis(g);
+                live.add(t, life_ms);
+                added.push(t);
+            }
+            let now = t + Duration::from_millis(after);
+            // The literal model: every conversation fades on its own from when it was added.
+            let want: f64 = added
+                .iter()
+                .map(|a| (-(now - *a).as_secs_f64() * 1e3 / life_ms).exp())
+                .sum();
+            let got = live.count(now, life_ms);
+            prop_assert!((got - want).abs() <= 1e-9 * want.max(1.0), "{} vs {}", got, want);
         }
 
         #[test]

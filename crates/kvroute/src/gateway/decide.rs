@@ -15,9 +15,11 @@
 //! Must not: send anything upstream, or rank: the ranking is the core's.
 
 use super::config::PolicyWeights;
+use super::learners::Lent;
 use super::pending::{Forecast, Prompt};
 use super::registry::{Registry, Worker};
-use kvroute_index::{BlockExtras, Params, Query};
+use kvroute_index::{BlockExtras, Params, Query, WorkerId};
+use kvroute_route::terms::conversation_life_ms;
 use kvroute_route::{
     Candidate, FleetFacts, LiveFacts, Outlook, PolicyKind, RequestFacts, Snapshot, WorkerFacts,
 };
@@ -103,17 +105,22 @@ pub fn prepare(
     weights: &PolicyWeights,
 ) {
     let now = Instant::now();
+    let fleet = registry.fleet_ttft.fit();
+    let evictions = weights.eviction && policy.uses_cache();
     for w in workers {
-        let rate = if weights.queue_drain {
-            w.ttft.model(&registry.fleet_ttft).ms_per_token()
+        let (fit, claimed) = {
+            let mut l = w.learners.lock();
+            (l.ttft.fit_or(fleet), evictions && l.eviction.claim(now))
+        };
+        w.set_prefill_ms_per_token(if weights.queue_drain {
+            fit.ms_per_token()
         } else {
             0.0
-        };
-        w.set_prefill_ms_per_token(rate);
-        if weights.eviction && policy.uses_cache() && w.eviction.claim(now) {
+        });
+        if claimed {
             let requests = w.bookings_total.load(std::sync::atomic::Ordering::Relaxed);
-            w.eviction
-                .observe(now, registry.index.eviction_stats(&w.id), requests);
+            let stats = registry.index.eviction_stats(&w.id);
+            w.learners.lock().eviction.observe(now, stats, requests);
         }
     }
 }
@@ -136,20 +143,25 @@ pub fn decide_with<'a>(
         rr: req.rr,
     };
     let mut decision = kvroute_route::decide(policy, weights, &facts, &taken.snapshot);
-    // Candidate i of the ranking is order[i]: every candidate is one of `workers`.
-    let by_name: HashMap<&str, &Arc<Worker>> =
-        workers.iter().map(|w| (w.spec.name.as_str(), w)).collect();
+    // Candidate i of the ranking is order[i]: the snapshot lists `workers` in their order, and
+    // each candidate keeps its position there.
     let order: Vec<Arc<Worker>> = decision
         .candidates
         .iter()
-        .filter_map(|c| by_name.get(c.worker.as_str()).map(|w| Arc::clone(w)))
+        .filter_map(|c| workers.get(c.slot).cloned())
         .collect();
-    debug_assert_eq!(order.len(), decision.candidates.len());
+    debug_assert!(
+        order.len() == decision.candidates.len()
+            && order
+                .iter()
+                .zip(&decision.candidates)
+                .all(|(w, c)| w.spec.name == c.worker)
+    );
     decision.decision_us = start.elapsed().as_micros() as u64;
     log_decision(policy, weights, &facts, &taken.snapshot, &decision);
     if req.evidence && policy.uses_cache() {
         if let (Some(c), Some(w)) = (decision.candidates.first(), order.first()) {
-            let rank = taken.ranks.get(c.worker.as_str()).copied().unwrap_or(0);
+            let rank = taken.ranks.get(c.slot).copied().flatten().unwrap_or(0);
             decision.groups = registry.index.predict(&w.id, rank, &taken.query).groups;
         }
     }
@@ -166,8 +178,8 @@ pub struct Taken<'a> {
     /// The request as the index and the in-flight records see it.
     pub query: Query,
     pub prompt: Option<Prompt<'a>>,
-    /// Each predicted worker's best DP rank.
-    pub ranks: HashMap<String, u32>,
+    /// Each candidate's best DP rank (by its position among the workers), where predicted.
+    pub ranks: Vec<Option<u32>>,
 }
 
 /// The fleet's figures and every candidate's as of `now`, read once, for `req` under `policy`:
@@ -188,10 +200,11 @@ pub fn snapshot<'a>(
     let best = best_ranks(registry, workers, &query, policy);
     let prompt =
         (policy == PolicyKind::HybridAware).then(|| Prompt::new(req.tokens, &query.extras));
+    let lent = Lent::of(&registry.fleet_ttft, &registry.fleet_decode);
     let facts: Vec<WorkerFacts> = workers
         .iter()
-        .map(|w| {
-            let b = best.get(w.spec.name.as_str());
+        .zip(&best)
+        .map(|(w, b)| {
             let outlook = match (&prompt, b) {
                 (Some(p), Some(b)) => outlook(
                     w,
@@ -201,7 +214,7 @@ pub fn snapshot<'a>(
                 ),
                 _ => None,
             };
-            worker_facts(registry, w, b, outlook, weights, now)
+            worker_facts(w, b.as_ref(), outlook, &lent, weights, now)
         })
         .collect();
     let fleet = FleetFacts {
@@ -210,10 +223,7 @@ pub fn snapshot<'a>(
         output_mean: registry.output_tokens.mean(),
         least_loaded_share: registry.least_loaded.share(),
     };
-    let ranks = best
-        .iter()
-        .map(|(name, b)| (name.to_string(), b.rank))
-        .collect();
+    let ranks = best.iter().map(|b| b.map(|b| b.rank)).collect();
     Taken {
         snapshot: Snapshot {
             fleet,
@@ -225,24 +235,22 @@ pub fn snapshot<'a>(
     }
 }
 
-/// Each worker's best DP rank under the policy's view: only the ranks that hit are listed by
-/// the index (one walk of the request through its shared store); hybrid-aware also lists a
-/// worker that hits nothing with its lookup parameters (for the checkpoints the request would
-/// leave there and the forecast of a sibling it may be prefilling).
-fn best_ranks<'w>(
+/// Each worker's best DP rank under the policy's view, by the worker's position: only the
+/// ranks that hit are listed by the index (one walk of the request through its shared store);
+/// hybrid-aware also lists a worker that hits nothing with its lookup parameters (for the
+/// checkpoints the request would leave there and the forecast of a sibling it may be
+/// prefilling), asked for all such workers at once.
+fn best_ranks(
     registry: &Registry,
-    workers: &'w [Arc<Worker>],
+    workers: &[Arc<Worker>],
     q: &Query,
     policy: PolicyKind,
-) -> HashMap<&'w str, Best> {
+) -> Vec<Option<Best>> {
     let n = q.tokens.len() as u64;
-    let mut best: HashMap<&str, Best> = HashMap::new();
-    let by_id: HashMap<&str, &str> = workers
-        .iter()
-        .map(|w| (&*w.id, w.spec.name.as_str()))
-        .collect();
+    let mut best: Vec<Option<Best>> = vec![None; workers.len()];
     if policy.uses_cache() {
         let blind_view = policy == PolicyKind::GroupBlind;
+        let positions = Positions::of(workers);
         for p in registry.index.predict_hits(q) {
             let blind = p.group_blind.min(n.saturating_sub(1));
             let row = Best {
@@ -252,33 +260,58 @@ fn best_ranks<'w>(
                 blind,
                 params: p.params,
             };
-            if let Some(name) = by_id.get(&*p.worker) {
-                let e = best.entry(name).or_insert(row);
-                if (row.cached, row.blind) > (e.cached, e.blind) {
-                    *e = row;
+            if let Some(e) = positions.of_id(&p.worker).and_then(|i| best.get_mut(i)) {
+                match e {
+                    Some(e) if (row.cached, row.blind) <= (e.cached, e.blind) => {}
+                    _ => *e = Some(row),
                 }
             }
         }
     }
     if policy == PolicyKind::HybridAware {
-        for w in workers {
-            let name = w.spec.name.as_str();
-            if best.contains_key(name) {
-                continue;
-            }
-            if let Some((rank, params)) = registry.index.params_of(&w.id) {
-                let row = Best {
-                    cached: 0,
-                    tier: 0,
-                    rank,
-                    blind: 0,
-                    params: Some(params),
-                };
-                best.insert(name, row);
-            }
+        let cold: Vec<usize> = (0..workers.len()).filter(|&i| best[i].is_none()).collect();
+        let ids: Vec<&WorkerId> = cold.iter().map(|&i| &workers[i].id).collect();
+        for (i, found) in cold.into_iter().zip(registry.index.params_of_each(&ids)) {
+            best[i] = found.map(|(rank, params)| Best {
+                cached: 0,
+                tier: 0,
+                rank,
+                blind: 0,
+                params: Some(params),
+            });
         }
     }
     best
+}
+
+/// Finds a worker's position among the candidates by its id: by binary search where they are
+/// listed in ascending order of id (as the registry lists them), else through a map.
+enum Positions<'w> {
+    Sorted(&'w [Arc<Worker>]),
+    Map(HashMap<&'w str, usize>),
+}
+
+impl<'w> Positions<'w> {
+    fn of(workers: &'w [Arc<Worker>]) -> Positions<'w> {
+        if workers.windows(2).all(|p| p[0].id < p[1].id) {
+            Positions::Sorted(workers)
+        } else {
+            Positions::Map(
+                workers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| (&*w.id, i))
+                    .collect(),
+            )
+        }
+    }
+
+    fn of_id(&self, id: &str) -> Option<usize> {
+        match self {
+            Positions::Sorted(ws) => ws.binary_search_by(|w| (*w.id).cmp(id)).ok(),
+            Positions::Map(m) => m.get(id).copied(),
+        }
+    }
 }
 
 /// A hybrid-aware candidate's outlook: what it will hold once its in-flight prompts are stored
@@ -304,41 +337,40 @@ fn outlook(w: &Worker, prompt: &Prompt<'_>, b: &Best, skip: bool) -> Option<Outl
     })
 }
 
-/// One worker's figures at `now`: its queue drained at its model's current rate (what
-/// [`prepare`] sets for the bookings), running requests, model coefficients, request rate,
-/// live conversations, decode figures and re-prefill rate.
+/// One worker's figures at `now`: its learners read under their one lock (the fleet's models
+/// lent where it has none of its own), its queue drained at its model's current rate (what
+/// [`prepare`] sets for the bookings) and its running requests from one reading of the
+/// engine's figures.
 fn worker_facts(
-    registry: &Registry,
     w: &Worker,
     b: Option<&Best>,
     outlook: Option<Outlook>,
+    lent: &Lent,
     weights: &PolicyWeights,
     now: Instant,
 ) -> WorkerFacts {
-    let model = w.ttft.model(&registry.fleet_ttft);
+    let r = w.learners.lock().readings(now, lent);
     let drain = if weights.queue_drain {
-        model.ms_per_token()
+        r.ttft.ms_per_token()
     } else {
         0.0
     };
+    let (queued_tokens, running) = w.load_at(drain, now);
     WorkerFacts {
         name: w.spec.name.clone(),
         cached: b.map_or(0, |b| b.cached),
         tier: b.map_or(0, |b| b.tier),
         blind: b.map_or(0, |b| b.blind),
         outlook,
-        queued_tokens: w.queued_tokens_draining(drain, now),
-        running: w.running_at(now),
-        ttft: model.fit(),
-        arrivals_per_ms: w.arrivals.per_ms(now),
-        live: w
-            .live
-            .facts(now)
-            .map(|(weight, age_ms)| LiveFacts { weight, age_ms }),
-        load_wait_ms: w.ttft.load_wait_ms(),
-        decode_delta_ms: w.decode.delta(&registry.fleet_decode),
-        mean_running: w.decode.mean_running(),
-        eviction_rate: w.eviction.rate(),
+        queued_tokens,
+        running,
+        ttft: r.ttft,
+        arrivals_per_ms: r.arrivals_per_ms,
+        live: r.live.map(|(weight, age_ms)| LiveFacts { weight, age_ms }),
+        load_wait_ms: r.load_wait_ms,
+        decode_delta_ms: r.decode_delta_ms,
+        mean_running: r.mean_running,
+        eviction_rate: r.eviction_rate,
     }
 }
 
@@ -391,15 +423,20 @@ pub fn record_placement(
     gap: Option<std::time::Duration>,
     moved: bool,
 ) {
-    chosen.arrivals.observe(std::time::Instant::now());
+    chosen
+        .learners
+        .lock()
+        .arrivals
+        .observe(std::time::Instant::now());
     if let Some(gap) = gap {
         registry.turns.observe_gap(gap);
         registry.turns.observe_prefill(cand.own_prefill_ms);
     }
     if gap.is_none() || moved {
         let k = registry.follow_ups.expected();
-        if let Some((cycle, _)) = registry.turns.cycle().filter(|_| k > 0.0) {
-            chosen.live.add(std::time::Instant::now(), k * cycle);
+        if let Some(life_ms) = conversation_life_ms(k, registry.turns.cycle()) {
+            let now = std::time::Instant::now();
+            chosen.learners.lock().live.add(now, life_ms);
         }
     }
 }

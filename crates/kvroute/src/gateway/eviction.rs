@@ -1,7 +1,7 @@
 //! The cache a placement destroys: how much of what a worker's engine stores re-does content it
 //! evicted, learned from the worker's own events.
 //!
-//! Owns: per worker, an [`EvictionRate`] (a plain estimator, shared as [`EvictionModel`]):
+//! Owns: per worker, an [`EvictionRate`] (a plain estimator, one of a worker's learners):
 //! the running totals read from the index
 //! ([`kvroute_index::EvictionStats`]: the tokens its ranks stored in their eviction group, and
 //! of those the tokens stored again after their removal) and from the gateway (requests booked
@@ -22,13 +22,12 @@
 //! never above 1 (a re-stored token was stored); it is shrunk by `B / (B + PRIOR_REQUESTS)`, B
 //! the requests booked since the first reading (not faded), so a few early re-stores do not
 //! read as a rate. One caller per [`REFRESH`] reads the index for a worker
-//! ([`EvictionModel::claim`]), and a reading older than one already applied is dropped, so
+//! ([`EvictionRate::claim`]), and a reading older than one already applied is dropped, so
 //! readings apply in the order they were claimed; totals that go backwards (a rank dropped from
 //! the index takes its share along) restart the reading.
 //! Must not: read the index itself (the caller passes the totals in) or rank anything.
 
 use kvroute_index::EvictionStats;
-use parking_lot::Mutex;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -42,7 +41,8 @@ pub const PRIOR_REQUESTS: f64 = 16.0;
 pub const REFRESH: Duration = Duration::from_millis(200);
 
 /// A worker's re-prefill rate as a plain estimator: the faded growth of the totals it was
-/// shown ([`EvictionModel`] shares one between threads).
+/// shown (one of a worker's learners, [`super::learners::Learners`], shared under the
+/// worker's one lock).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EvictionRate {
     /// The last totals read: (tokens restored, tokens stored, requests booked).
@@ -55,12 +55,6 @@ pub struct EvictionRate {
     requests: f64,
     /// Requests booked since the first reading, not faded (the shrinkage's count).
     seen: f64,
-}
-
-/// A worker's [`EvictionRate`], shared by the decisions that read it.
-#[derive(Default)]
-pub struct EvictionModel {
-    state: Mutex<EvictionRate>,
 }
 
 /// What `GET /admin/workers` shows of it.
@@ -78,7 +72,8 @@ pub struct EvictionView {
 
 impl EvictionRate {
     /// Whether the caller is to read the totals at `now`: true at most once per [`REFRESH`]
-    /// (checked and marked under one lock, so concurrent decisions do not both read).
+    /// (checked and marked in one step under the worker's learners' lock, so concurrent
+    /// decisions do not both read).
     pub fn claim(&mut self, now: Instant) -> bool {
         let s = self;
         let due = s
@@ -91,7 +86,7 @@ impl EvictionRate {
     }
 
     /// Adds the totals' growth since the last reading: the index's `stats` and `requests`
-    /// booked on the worker, all running totals, read after a [`EvictionModel::claim`] at
+    /// booked on the worker, all running totals, read after a [`EvictionRate::claim`] at
     /// `claimed` (a reading claimed before one already applied is dropped).
     pub fn observe(&mut self, claimed: Instant, stats: EvictionStats, requests: u64) {
         let now = (stats.tokens_restored, stats.tokens_stored, requests);
@@ -138,33 +133,6 @@ impl EvictionRate {
     }
 }
 
-impl EvictionModel {
-    /// [`EvictionRate::claim`], checked and marked under one lock, so concurrent decisions do
-    /// not both read.
-    pub fn claim(&self, now: Instant) -> bool {
-        self.state.lock().claim(now)
-    }
-
-    /// [`EvictionRate::observe`].
-    pub fn observe(&self, claimed: Instant, stats: EvictionStats, requests: u64) {
-        self.state.lock().observe(claimed, stats, requests);
-    }
-
-    /// [`EvictionRate::reset`].
-    pub fn reset(&self) {
-        self.state.lock().reset();
-    }
-
-    /// [`EvictionRate::rate`].
-    pub fn rate(&self) -> f64 {
-        self.state.lock().rate()
-    }
-
-    pub fn view(&self) -> EvictionView {
-        self.state.lock().view()
-    }
-}
-
 fn rate_of(restored: f64, stored: f64, seen: f64) -> f64 {
     if restored <= 0.0 || stored <= 0.0 || seen <= 0.0 {
         return 0.0;
@@ -183,7 +151,7 @@ mod tests {
     use super::*;
 
     /// Feeds a reading claimed just after the previous one.
-    fn observe(m: &EvictionModel, stats: EvictionStats, requests: u64) {
+    fn observe(m: &mut EvictionRate, stats: EvictionStats, requests: u64) {
         use std::sync::atomic::{AtomicU64, Ordering};
         use std::sync::OnceLock;
         static TICKS: AtomicU64 = AtomicU64::new(1);
@@ -202,50 +170,50 @@ mod tests {
 
     #[test]
     fn a_pool_that_never_re_stores_costs_nothing() {
-        let m = EvictionModel::default();
-        observe(&m, stats(0, 0), 0);
-        observe(&m, stats(500_000, 0), 1_000);
+        let mut m = EvictionRate::default();
+        observe(&mut m, stats(0, 0), 0);
+        observe(&mut m, stats(500_000, 0), 1_000);
         assert_eq!(m.rate(), 0.0);
         assert_eq!(eviction_ms(2000.0, m.rate(), 0.06), 0.0);
     }
 
     #[test]
     fn a_reset_model_takes_its_next_reading_as_a_baseline_not_as_growth() {
-        let m = EvictionModel::default();
-        observe(&m, stats(1_000, 100), 3);
-        observe(&m, stats(5_000, 1_100), 19);
+        let mut m = EvictionRate::default();
+        observe(&mut m, stats(1_000, 100), 3);
+        observe(&mut m, stats(5_000, 1_100), 19);
         assert!(m.rate() > 0.0);
         m.reset();
         assert_eq!(m.view(), EvictionView::default());
         // The totals stood still while the worker booked 5,000 requests: no growth, no fade.
-        observe(&m, stats(5_000, 1_100), 5_019);
+        observe(&mut m, stats(5_000, 1_100), 5_019);
         assert_eq!(m.view(), EvictionView::default());
-        observe(&m, stats(9_000, 2_100), 5_035);
+        observe(&mut m, stats(9_000, 2_100), 5_035);
         assert!((m.rate() - 0.125).abs() < 1e-12);
     }
 
     #[test]
     fn the_rate_is_re_stored_over_stored_tokens_shrunk_by_the_requests_seen() {
-        let m = EvictionModel::default();
-        observe(&m, stats(1_000, 100), 3);
+        let mut m = EvictionRate::default();
+        observe(&mut m, stats(1_000, 100), 3);
         // The first reading only sets the baseline.
         assert_eq!(m.rate(), 0.0);
-        observe(&m, stats(5_000, 1_100), 19);
+        observe(&mut m, stats(5_000, 1_100), 19);
         // 1,000 of 4,000 tokens re-stored over 16 requests: a quarter, counted half.
         assert!((m.rate() - 0.125).abs() < 1e-12);
-        observe(&m, stats(50_000, 1_100), 19 + 10_000);
+        observe(&mut m, stats(50_000, 1_100), 19 + 10_000);
         assert!(m.rate() < 1e-9, "old re-stores fade under new stores");
         assert!((eviction_ms(400.0, 0.25, 0.05) - 5.0).abs() < 1e-12);
     }
 
     #[test]
     fn old_traffic_fades_by_half_after_the_half_life() {
-        let m = EvictionModel::default();
+        let mut m = EvictionRate::default();
         let life = HALF_LIFE_REQUESTS as u64;
-        observe(&m, stats(0, 0), 0);
-        observe(&m, stats(1_000, 1_000), 0);
+        observe(&mut m, stats(0, 0), 0);
+        observe(&mut m, stats(1_000, 1_000), 0);
         // A half-life of requests storing nothing halves the old sums.
-        observe(&m, stats(1_000, 1_000), life);
+        observe(&mut m, stats(1_000, 1_000), life);
         let v = m.view();
         assert!((v.restored_tokens - 500.0).abs() < 1e-6);
         assert!((v.stored_tokens - 500.0).abs() < 1e-6);
@@ -254,11 +222,11 @@ mod tests {
 
     #[test]
     fn totals_that_go_backwards_restart_the_reading() {
-        let m = EvictionModel::default();
-        observe(&m, stats(1_000, 500), 10);
-        observe(&m, stats(20, 10), 10);
+        let mut m = EvictionRate::default();
+        observe(&mut m, stats(1_000, 500), 10);
+        observe(&mut m, stats(20, 10), 10);
         assert_eq!(m.view().stored_tokens, 0.0);
-        observe(&m, stats(120, 20), 10 + 1_000_000);
+        observe(&mut m, stats(120, 20), 10 + 1_000_000);
         assert!((m.rate() - 0.1).abs() < 1e-5);
     }
 
@@ -274,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_reading_claimed_before_one_already_applied_is_dropped() {
-        let m = EvictionModel::default();
+        let mut m = EvictionRate::default();
         let t = Instant::now();
         m.observe(t, stats(0, 0), 0);
         m.observe(t + REFRESH * 2, stats(1_000, 500), 100);
@@ -288,7 +256,7 @@ mod tests {
 
     #[test]
     fn one_caller_reads_the_index_per_refresh_interval() {
-        let m = EvictionModel::default();
+        let mut m = EvictionRate::default();
         let t = Instant::now();
         assert!(m.claim(t));
         assert!(

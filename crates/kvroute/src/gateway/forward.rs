@@ -134,7 +134,7 @@ impl<'a> Booking<'a> {
 fn observe_ttft(st: &AppState, worker: &Worker, work: &(Work, f64), elapsed: Duration) {
     let (w, predicted_ms) = work;
     let observed_ms = elapsed.as_secs_f64() * 1000.0;
-    worker.ttft.observe(w, observed_ms);
+    worker.learners.lock().ttft.observe(w, observed_ms);
     st.registry.fleet_ttft.observe(w, observed_ms);
     let name = worker.spec.name.as_str();
     st.metrics

@@ -32,6 +32,7 @@ pub mod fleet;
 pub mod forward;
 pub mod health;
 pub mod intake;
+pub mod learners;
 pub mod listen;
 pub mod metrics;
 pub mod otel;

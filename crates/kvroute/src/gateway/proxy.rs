@@ -438,8 +438,9 @@ async fn serve(
 /// candidate alike).
 fn sample_load_waits(r: &Ranked<'_>) {
     for (c, w) in r.decision.candidates.iter().zip(&r.order) {
-        w.ttft.sample_load_wait(c.load_delay_ms);
-        w.decode.sample_running(c.work.running as f64);
+        w.learners
+            .lock()
+            .sample(c.load_delay_ms, c.work.running as f64);
     }
 }
 

@@ -13,13 +13,14 @@
 //! given, and goes only to workers serving the adapter from that path.
 //! Must not: choose workers (policy does) or proxy requests.
 
-use super::arrivals::{Arrivals, LeastLoadedShare};
+use super::arrivals::LeastLoaded;
 use super::config::WorkerSpec;
-use super::conversations::{Live, TurnStats};
+use super::conversations::TurnStats;
 use super::decoding::{DecodeModel, OutputTokens};
 use super::engine_load::EngineLoad;
-use super::eviction::{EvictionModel, EvictionView};
+use super::eviction::EvictionView;
 use super::intake::RankSink;
+use super::learners::Learners;
 use super::peer_wire::Outbox;
 use super::pending::{Pending, Prompt};
 use super::sessions::FollowUps;
@@ -77,16 +78,10 @@ pub struct Worker {
     pub engine: Mutex<EngineInfo>,
     /// Prompts in flight on this worker (what it is about to cache).
     pub pending: Pending,
-    /// This worker's TTFT, learned from what it answered.
-    pub ttft: TtftModel,
-    /// Its inter-token latency against the requests running there ([`super::decoding`]).
-    pub decode: DecodeModel,
-    /// The conversations living here (started or moved here, fading with their expected life).
-    pub live: Live,
-    /// The rate of requests routed here (the delay-to-others charge).
-    pub arrivals: Arrivals,
-    /// How much of what its engine stores re-does content it evicted (the eviction charge).
-    pub eviction: EvictionModel,
+    /// What the gateway has learned about this worker (its TTFT and decode models, live
+    /// conversations, request rate, re-prefill rate): plain estimators under this one lock,
+    /// so a decision reads them all at once ([`super::learners`]).
+    pub learners: Mutex<Learners>,
     /// LoRA adapters served beside the base model: name → path (the spec's, then as the
     /// worker's `/v1/models` lists them).
     pub adapters: RwLock<BTreeMap<String, String>>,
@@ -190,11 +185,7 @@ impl Worker {
             subscriptions: Mutex::new(Vec::new()),
             sinks: Mutex::new(Vec::new()),
             pending: Pending::default(),
-            ttft: TtftModel::default(),
-            decode: DecodeModel::default(),
-            live: Live::default(),
-            arrivals: Arrivals::default(),
-            eviction: EvictionModel::default(),
+            learners: Mutex::new(Learners::default()),
         }
     }
 
@@ -250,6 +241,23 @@ impl Worker {
     /// at all), whatever rate the bookings last set: what a decision reads for the rate its
     /// model predicts with, changing nothing.
     pub fn queued_tokens_draining(&self, ms_per_token: f64, now: Instant) -> u64 {
+        let load = *self.engine_load.lock();
+        self.queued_given(&load, ms_per_token, now)
+    }
+
+    /// [`Worker::queued_tokens_draining`] and [`Worker::running_at`] from one reading of the
+    /// engine's figures: what a decision reads of the worker's load.
+    pub fn load_at(&self, ms_per_token: f64, now: Instant) -> (u64, u64) {
+        let load = *self.engine_load.lock();
+        let own = self.in_flight.load(Ordering::Relaxed);
+        (
+            self.queued_given(&load, ms_per_token, now),
+            load.running_estimate(own, load.fresh(now)),
+        )
+    }
+
+    /// The queued prefill given the engine's figures `load`.
+    fn queued_given(&self, load: &EngineLoad, ms_per_token: f64, now: Instant) -> u64 {
         let booked = self.queued_prefill.load(Ordering::Relaxed);
         // What is booked but already worked off (the engine has been prefilling it since it
         // was sent) is no longer ahead of a new request.
@@ -259,7 +267,6 @@ impl Worker {
         } else {
             booked
         };
-        let load = *self.engine_load.lock();
         if !load.fresh(now) {
             return own;
         }
@@ -307,12 +314,6 @@ impl Worker {
     fn book_backlog(&self, tokens: u64, now: Instant) {
         let left = self.backlog_at(now);
         *self.backlog.lock() = (left + tokens as f64, now);
-    }
-
-    /// Load in tokens: queued prefill ([`Worker::queued_tokens`]) plus a decode charge per
-    /// running request ([`Worker::running`]).
-    pub fn load_tokens(&self, tokens_per_request: f64) -> f64 {
-        self.queued_tokens() as f64 + tokens_per_request * self.running() as f64
     }
 
     /// A request failed on the worker's side (5xx, a timeout, a reset or broken answer);
@@ -363,6 +364,7 @@ impl Worker {
         // Copied out first: the guard must not live into `running()`, which locks it again.
         let engine_load = *self.engine_load.lock();
         let info = self.engine.lock().clone();
+        let learned = self.learners.lock().clone();
         let rules = self
             .spec
             .index_config_for(info.engine)
@@ -389,9 +391,9 @@ impl Worker {
             hash_lookahead_tokens: rules.lookahead,
             eagle_drop: rules.eagle_drop,
             adapters: self.adapters.read().clone(),
-            ttft_model: self.ttft.view(),
-            decode_model: self.decode.view(),
-            eviction_model: self.eviction.view(),
+            ttft_model: learned.ttft.view(),
+            decode_model: learned.decode.view(),
+            eviction_model: learned.eviction.view(),
         }
     }
 }
@@ -514,7 +516,7 @@ pub struct Registry {
     /// The fleet's turn cycle and follow-up prefill (the conversation charge).
     pub turns: TurnStats,
     /// The share of requests that went where their wait was least (the next arrivals' charge).
-    pub least_loaded: LeastLoadedShare,
+    pub least_loaded: LeastLoaded,
     pub wire_stats: Arc<WireStats>,
 }
 
@@ -528,7 +530,7 @@ impl Registry {
             output_tokens: OutputTokens::default(),
             follow_ups: FollowUps::default(),
             turns: TurnStats::default(),
-            least_loaded: LeastLoadedShare::default(),
+            least_loaded: LeastLoaded::default(),
             wire_stats: Arc::new(WireStats::new()),
         }
     }

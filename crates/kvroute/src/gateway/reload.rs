@@ -254,7 +254,7 @@ pub async fn apply_reload(
             .index
             .set_eviction_tracking(new.weights.eviction);
         for w in state.registry.all() {
-            w.eviction.reset();
+            w.learners.lock().eviction.reset();
         }
     }
     state.set_config(new);

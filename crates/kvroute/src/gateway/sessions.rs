@@ -1,17 +1,19 @@
 //! Follow-ups: how many more requests a request's conversation is expected to bring.
 //!
-//! Owns: [`FollowUps`], which remembers recent prompts and recognises a request whose prompt
-//! extends an earlier one token for token (a chat's next turn, an agent's next step, a branch
-//! from the same history), keeps the fraction `p` of requests that are such follow-ups
-//! (exponentially weighted, forgotten like the TTFT model), and turns it into the expected number of
-//! further requests a conversation brings after this one, `p / (1 − p)` (sessions whose
-//! length is geometric with continuation probability `p`). The policy multiplies that by a
-//! worker's load delay: a conversation's later turns follow its cache to the worker chosen now.
-//! [`reference_is_follow_up`] is the literal model the fast structure must equal.
+//! Owns: [`FollowUpTracker`], a plain estimator that remembers recent prompts and recognises a
+//! request whose prompt extends an earlier one token for token (a chat's next turn, an agent's
+//! next step, a branch from the same history), and keeps the fraction `p` of requests that are
+//! such follow-ups (exponentially weighted, forgotten like the TTFT model); shared as
+//! [`FollowUps`], which hashes a prompt's prefix chain ([`Chain`]) before it locks. The
+//! routing core turns `p` into the expected number of further requests a conversation brings
+//! after this one ([`expected_follow_ups`], re-exported from `kvroute_route::terms`), and the
+//! policy multiplies that by a worker's load delay: a conversation's later turns follow its
+//! cache to the worker chosen now. [`reference_is_follow_up`] is the literal model the fast
+//! structure must equal.
 //! Invariants: a request is a follow-up iff some remembered earlier prompt is a strict prefix
 //! of it (property-tested against the reference); memory is bounded ([`CAPACITY`] prompts, the
 //! oldest forgotten first); the estimate is 0 until follow-ups are seen and at most
-//! [`MAX_FOLLOW_UPS`].
+//! [`MAX_FOLLOW_UPS`]; the wrapper holds no logic beyond hashing outside its lock.
 //! Must not: look at workers, the index or the clock; it sees prompts and the times the
 //! caller gives.
 
@@ -19,6 +21,8 @@ use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+pub use kvroute_route::terms::{expected_follow_ups, MAX_FOLLOW_UPS};
 
 /// Tokens per link of the prefix chain the tracker keys prompts by (its own unit, unrelated
 /// to any engine's block size).
@@ -32,9 +36,6 @@ const PER_KEY: usize = 32;
 /// Weight of the newest request in the follow-up fraction: the same forgetting as the TTFT
 /// model (`ttft::FORGET`, a weight that halves after about 350 requests).
 const WEIGHT: f64 = 1.0 - super::ttft::FORGET;
-/// Upper bound on the expected follow-ups (`p` ≥ 0.94): beyond it the load a worker shows now
-/// says nothing about what a conversation's distant turns will meet.
-pub const MAX_FOLLOW_UPS: f64 = 16.0;
 
 #[derive(Clone, Copy, Debug)]
 struct Remembered {
@@ -46,8 +47,10 @@ struct Remembered {
     at: Instant,
 }
 
+/// The follow-up tracker as a plain estimator: the prompts remembered and the fraction of
+/// follow-ups ([`FollowUps`] shares one between every request of the gateway).
 #[derive(Debug, Default)]
-struct Inner {
+pub struct FollowUpTracker {
     /// Chain digest of a prompt's full links → the prompts ending within the next link.
     by_key: HashMap<u64, VecDeque<Remembered>>,
     /// Insertion order, for forgetting the oldest: (key, seq).
@@ -61,113 +64,171 @@ struct Inner {
     follow_ups: u64,
 }
 
-/// The follow-up tracker, shared by every request of the gateway.
-#[derive(Debug, Default)]
-pub struct FollowUps {
-    inner: Mutex<Inner>,
-}
+/// A prompt's prefix chain: digest `i` covers its first `i` links (what the tracker keys
+/// prompts by), computed without the tracker so callers can hash outside a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain(Vec<u64>);
 
-/// Digests of a prompt's prefix chain: `keys[i]` covers the first `i` links.
-fn chain(tokens: &[u32]) -> Vec<u64> {
-    let links = tokens.len() / LINK;
-    let mut keys = Vec::with_capacity(links + 1);
-    let mut h = 0x6b76_726f_7574_6531_u64;
-    keys.push(h);
-    for link in tokens.chunks_exact(LINK) {
-        h = xxh3_64_with_seed(&words(link), h);
+impl Chain {
+    pub fn of(tokens: &[u32]) -> Chain {
+        let links = tokens.len() / LINK;
+        let mut keys = Vec::with_capacity(links + 1);
+        let mut h = 0x6b76_726f_7574_6531_u64;
         keys.push(h);
+        for link in tokens.chunks_exact(LINK) {
+            h = digest(link, h);
+            keys.push(h);
+        }
+        Chain(keys)
     }
-    keys
 }
 
-fn words(tokens: &[u32]) -> Vec<u8> {
-    tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
+/// The xxh3 of at most [`LINK`] tokens' little-endian bytes with `seed`, written out on the
+/// stack (a link or a tail: every digest the tracker takes).
+fn digest(tokens: &[u32], seed: u64) -> u64 {
+    let mut bytes = [0u8; LINK * 4];
+    let n = tokens.len().min(LINK);
+    for (b, t) in bytes.chunks_exact_mut(4).zip(&tokens[..n]) {
+        b.copy_from_slice(&t.to_le_bytes());
+    }
+    xxh3_64_with_seed(&bytes[..n * 4], seed)
 }
 
+/// The digest of the tokens after a prompt's last full link (fewer than [`LINK`]).
 fn tail_digest(tokens: &[u32]) -> u64 {
-    xxh3_64_with_seed(&words(tokens), tokens.len() as u64)
+    digest(tokens, tokens.len() as u64)
 }
 
-impl FollowUps {
+impl FollowUpTracker {
     /// Records a prompt seen at `now`; returns, if it extends remembered earlier prompts, the
     /// time since the longest of them (its conversation's previous turn) was seen.
-    pub fn observe(&self, tokens: &[u32], now: Instant) -> Option<Duration> {
-        let keys = chain(tokens);
-        let mut g = self.inner.lock();
-        let previous = longest_earlier(&g.by_key, &keys, tokens);
-        let follow_up = previous.is_some();
-        g.requests += 1;
-        g.follow_ups += u64::from(follow_up);
-        let x = if follow_up { 1.0 } else { 0.0 };
-        g.weighted = g.weighted * (1.0 - WEIGHT) + x;
-        g.weights = g.weights * (1.0 - WEIGHT) + 1.0;
+    pub fn observe(&mut self, tokens: &[u32], now: Instant) -> Option<Duration> {
+        self.observe_chain(&Chain::of(tokens), tokens, now)
+    }
+
+    /// [`FollowUpTracker::observe`] with the prompt's chain already hashed (`chain` must be
+    /// `Chain::of(tokens)`).
+    pub fn observe_chain(
+        &mut self,
+        chain: &Chain,
+        tokens: &[u32],
+        now: Instant,
+    ) -> Option<Duration> {
+        let keys = &chain.0;
+        let previous = longest_earlier(&self.by_key, keys, tokens);
+        self.count(previous.is_some());
         let links = tokens.len() / LINK;
-        let key = keys[links];
-        let seq = g.seq;
-        g.seq += 1;
+        let Some(&key) = keys.get(links) else {
+            // A chain of another prompt: nothing to remember it by.
+            return previous.map(|at| now.saturating_duration_since(at));
+        };
+        let seq = self.seq;
+        self.seq += 1;
         let entry = Remembered {
             len: tokens.len(),
             tail: tail_digest(&tokens[links * LINK..]),
             seq,
             at: now,
         };
-        let bucket = g.by_key.entry(key).or_default();
+        let bucket = self.by_key.entry(key).or_default();
         bucket.push_back(entry);
         if bucket.len() > PER_KEY {
             bucket.pop_front();
         }
-        g.order.push_back((key, seq));
-        while g.order.len() > CAPACITY {
-            let Some((k, s)) = g.order.pop_front() else {
+        self.order.push_back((key, seq));
+        self.forget_beyond_capacity();
+        previous.map(|at| now.saturating_duration_since(at))
+    }
+
+    /// Counts one request, a follow-up or not, in the totals and the weighted fraction.
+    fn count(&mut self, follow_up: bool) {
+        self.requests += 1;
+        self.follow_ups += u64::from(follow_up);
+        let x = if follow_up { 1.0 } else { 0.0 };
+        self.weighted = self.weighted * (1.0 - WEIGHT) + x;
+        self.weights = self.weights * (1.0 - WEIGHT) + 1.0;
+    }
+
+    /// Forgets the oldest prompts until at most [`CAPACITY`] are remembered.
+    fn forget_beyond_capacity(&mut self) {
+        while self.order.len() > CAPACITY {
+            let Some((k, s)) = self.order.pop_front() else {
                 break;
             };
-            if let Some(b) = g.by_key.get_mut(&k) {
+            if let Some(b) = self.by_key.get_mut(&k) {
                 b.retain(|r| r.seq != s);
                 if b.is_empty() {
-                    g.by_key.remove(&k);
+                    self.by_key.remove(&k);
                 }
             }
         }
-        previous.map(|at| now.saturating_duration_since(at))
     }
 
     /// Whether `tokens` extends a remembered earlier prompt, without recording it.
     pub fn extends_earlier(&self, tokens: &[u32]) -> bool {
-        let keys = chain(tokens);
-        longest_earlier(&self.inner.lock().by_key, &keys, tokens).is_some()
+        self.extends_earlier_chain(&Chain::of(tokens), tokens)
     }
 
-    /// The fraction of recent requests that were follow-ups.
+    /// [`FollowUpTracker::extends_earlier`] with the prompt's chain already hashed.
+    pub fn extends_earlier_chain(&self, chain: &Chain, tokens: &[u32]) -> bool {
+        longest_earlier(&self.by_key, &chain.0, tokens).is_some()
+    }
+
+    /// The fraction of recent requests that were follow-ups (0 before any request).
     pub fn fraction(&self) -> f64 {
-        let g = self.inner.lock();
-        if g.weights > 0.0 {
-            g.weighted / g.weights
+        if self.weights > 0.0 {
+            self.weighted / self.weights
         } else {
             0.0
         }
     }
 
-    /// Further requests a conversation is expected to bring after this one.
+    /// Further requests a conversation is expected to bring after this one
+    /// ([`expected_follow_ups`] of the fraction).
     pub fn expected(&self) -> f64 {
         expected_follow_ups(self.fraction())
     }
 
     /// (requests seen, follow-ups among them).
     pub fn counts(&self) -> (u64, u64) {
-        let g = self.inner.lock();
-        (g.requests, g.follow_ups)
+        (self.requests, self.follow_ups)
     }
 }
 
-/// `p / (1 − p)`, bounded by [`MAX_FOLLOW_UPS`].
-pub fn expected_follow_ups(p: f64) -> f64 {
-    if !p.is_finite() || p <= 0.0 {
-        return 0.0;
+/// The [`FollowUpTracker`] shared by every request of the gateway; a prompt's chain is hashed
+/// before the lock is taken.
+#[derive(Debug, Default)]
+pub struct FollowUps {
+    inner: Mutex<FollowUpTracker>,
+}
+
+impl FollowUps {
+    /// [`FollowUpTracker::observe`].
+    pub fn observe(&self, tokens: &[u32], now: Instant) -> Option<Duration> {
+        let chain = Chain::of(tokens);
+        self.inner.lock().observe_chain(&chain, tokens, now)
     }
-    if p >= 1.0 {
-        return MAX_FOLLOW_UPS;
+
+    /// [`FollowUpTracker::extends_earlier`].
+    pub fn extends_earlier(&self, tokens: &[u32]) -> bool {
+        let chain = Chain::of(tokens);
+        self.inner.lock().extends_earlier_chain(&chain, tokens)
     }
-    (p / (1.0 - p)).min(MAX_FOLLOW_UPS)
+
+    /// [`FollowUpTracker::fraction`].
+    pub fn fraction(&self) -> f64 {
+        self.inner.lock().fraction()
+    }
+
+    /// [`FollowUpTracker::expected`].
+    pub fn expected(&self) -> f64 {
+        self.inner.lock().expected()
+    }
+
+    /// [`FollowUpTracker::counts`].
+    pub fn counts(&self) -> (u64, u64) {
+        self.inner.lock().counts()
+    }
 }
 
 /// When the longest remembered strict prefix of `tokens` was seen (the latest of equals).
@@ -212,7 +273,7 @@ mod tests {
 
     #[test]
     fn a_chats_next_turn_is_a_follow_up_and_a_new_user_is_not() {
-        let f = FollowUps::default();
+        let mut f = FollowUpTracker::default();
         let system: Vec<u32> = (0..100).collect();
         let mut turn1 = system.clone();
         turn1.extend([500, 501, 502]);
@@ -236,7 +297,7 @@ mod tests {
 
     #[test]
     fn a_follow_up_is_timed_from_its_conversations_previous_turn() {
-        let f = FollowUps::default();
+        let mut f = FollowUpTracker::default();
         let t0 = Instant::now();
         let turn1: Vec<u32> = (0..40).collect();
         let turn2: Vec<u32> = (0..70).collect();
@@ -251,7 +312,7 @@ mod tests {
 
     #[test]
     fn the_expected_follow_ups_follow_the_fraction_of_follow_ups() {
-        let f = FollowUps::default();
+        let mut f = FollowUpTracker::default();
         assert_eq!(f.expected(), 0.0);
         // Conversations of 4 turns: 3 of every 4 requests are follow-ups.
         let mut next = 10_000u32;
@@ -285,7 +346,7 @@ mod tests {
 
     #[test]
     fn memory_is_bounded_and_the_oldest_prompt_is_forgotten_first() {
-        let f = FollowUps::default();
+        let mut f = FollowUpTracker::default();
         let first: Vec<u32> = (1..=20).collect();
         f.observe(&first, Instant::now());
         let second: Vec<u32> = (101..=120).collect();
@@ -304,10 +365,67 @@ mod tests {
             f.extends_earlier(&[second.as_slice(), &[4]].concat()),
             "still held"
         );
-        let g = f.inner.lock();
-        assert_eq!(g.order.len(), CAPACITY);
-        let held: usize = g.by_key.values().map(VecDeque::len).sum();
+        assert_eq!(f.order.len(), CAPACITY);
+        let held: usize = f.by_key.values().map(VecDeque::len).sum();
         assert_eq!(held, CAPACITY);
+    }
+
+    #[test]
+    fn the_fraction_weighs_the_newest_requests_most_and_starts_unbiased() {
+        let mut f = FollowUpTracker::default();
+        assert_eq!(f.fraction(), 0.0, "no request, no follow-up");
+        let t0 = Instant::now();
+        let first: Vec<u32> = (0..20).collect();
+        f.observe(&first, t0);
+        assert_eq!(f.fraction(), 0.0);
+        f.observe(&[first.as_slice(), &[7]].concat(), t0);
+        // Two requests, one a follow-up: the ratio of weighted sums, not a mean started at 0.
+        let want = 1.0 / (1.0 + (1.0 - WEIGHT));
+        assert!((f.fraction() - want).abs() < 1e-12, "{}", f.fraction());
+        assert_eq!(f.counts(), (2, 1));
+    }
+
+    #[test]
+    fn a_shared_prefix_keeps_only_its_newest_prompts() {
+        let mut f = FollowUpTracker::default();
+        let t0 = Instant::now();
+        // PER_KEY + 1 prompts ending within the same link after the same 16 tokens.
+        let stem: Vec<u32> = (0..LINK as u32).collect();
+        let prompts: Vec<Vec<u32>> = (0..=PER_KEY as u32)
+            .map(|i| [stem.as_slice(), &[1_000 + i]].concat())
+            .collect();
+        for p in &prompts {
+            f.observe(p, t0);
+        }
+        let extend = |p: &Vec<u32>| [p.as_slice(), &[5]].concat();
+        assert!(!f.extends_earlier(&extend(&prompts[0])), "the oldest went");
+        assert!(f.extends_earlier(&extend(&prompts[1])));
+        assert!(f.extends_earlier(&extend(&prompts[PER_KEY])));
+    }
+
+    #[test]
+    fn the_shared_tracker_is_the_plain_one_behind_a_lock() {
+        let (shared, mut plain) = (FollowUps::default(), FollowUpTracker::default());
+        let t0 = Instant::now();
+        let mut p: Vec<u32> = (0..50).collect();
+        for i in 0..20u64 {
+            let now = t0 + Duration::from_millis(100 * i);
+            assert_eq!(shared.observe(&p, now), plain.observe(&p, now));
+            p.extend([i as u32; 7]);
+        }
+        assert_eq!(shared.extends_earlier(&p), plain.extends_earlier(&p));
+        assert_eq!(shared.counts(), plain.counts());
+        assert_eq!(shared.fraction(), plain.fraction());
+        assert_eq!(shared.expected(), plain.expected());
+    }
+
+    #[test]
+    fn a_link_is_digested_as_its_little_endian_bytes() {
+        let link: Vec<u32> = (0..LINK as u32).map(|t| t * 0x0101_0101 + 7).collect();
+        let bytes: Vec<u8> = link.iter().flat_map(|t| t.to_le_bytes()).collect();
+        assert_eq!(digest(&link, 42), xxh3_64_with_seed(&bytes, 42));
+        assert_eq!(tail_digest(&link[..5]), xxh3_64_with_seed(&bytes[..20], 5));
+        assert_eq!(tail_digest(&[]), xxh3_64_with_seed(&[], 0));
     }
 
     fn prompts() -> impl Strategy<Value = Vec<Vec<u32>>> {
@@ -331,7 +449,7 @@ mod tests {
     proptest! {
         #[test]
         fn the_tracker_agrees_with_the_literal_prefix_check(seq in prompts()) {
-            let f = FollowUps::default();
+            let mut f = FollowUpTracker::default();
             for (i, p) in seq.iter().enumerate() {
                 let want = reference_is_follow_up(&seq[..i], p);
                 prop_assert_eq!(f.observe(p, Instant::now()).is_some(), want, "prompt {} of {:?}", i, seq);

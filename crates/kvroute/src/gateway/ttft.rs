@@ -2,10 +2,11 @@
 //!
 //! Owns: [`Work`] (what a request asks of a worker when it arrives: the prefill queued ahead
 //! of it, its own uncached tokens, its attention work over the cached context, the requests
-//! decoding there), [`TtftModel`] (a linear model `ttft = a + b·tokens + c·pairs + d·running`
-//! fitted by recursive least squares with exponential forgetting, from the TTFT the gateway
-//! observes on every answered request), and [`reference_fit`], the literal weighted
-//! least-squares solution the recursion must equal.
+//! decoding there), [`Rls`] (a linear model `ttft = a + b·tokens + c·pairs + d·running` fitted
+//! by recursive least squares with exponential forgetting, from the TTFT the gateway observes
+//! on every answered request), [`TtftEstimate`] (that fit and the wait a worker's load recently
+//! added, a plain estimator; the fleet's shared as [`TtftModel`]), and [`reference_fit`], the
+//! literal weighted least-squares solution the recursion must equal.
 //! Invariants: the recursion's estimate equals the weighted least-squares fit with the prior
 //! (property-tested); a prediction never falls when work grows (predictions use the fit under
 //! bounds — coefficients at least zero, the per-token cost at least a floor — with the others
@@ -13,7 +14,8 @@
 //! stays within [`MAX_WINDUP`] times the prior's; before its first observations a model
 //! predicts from its prior (an order-of-magnitude prefill rate), so decisions are defined from
 //! the first request on.
-//! Must not: read sockets or clocks; callers pass the observations.
+//! Must not: read sockets or clocks, or hold logic in the shared wrapper; callers pass the
+//! observations.
 
 // The 4×4 matrix arithmetic reads clearest with indices.
 #![allow(clippy::needless_range_loop)]
@@ -338,55 +340,71 @@ pub struct TtftView {
     /// [`Rls::effective`]).
     pub prefill_rate_learned: bool,
     /// The wait the worker's load recently added to requests sent there (ms,
-    /// [`TtftModel::load_wait_ms`]).
+    /// [`TtftEstimate::load_wait_ms`]).
     pub load_wait_ms: f64,
 }
 
 /// Observations a worker's own model needs before it is trusted over the fleet's.
 pub const OWN_MODEL_AFTER: u64 = 16;
 
-/// One worker's model, and the fleet-wide one new workers borrow until they have their own.
-#[derive(Debug, Default)]
-pub struct TtftModel {
-    rls: Mutex<Rls>,
-    /// Exponentially weighted mean, over recent routing decisions, of the wait the worker's
-    /// load added to a request sent there (ms).
-    wait: Mutex<f64>,
-}
-
 /// Weight of the newest decision in a worker's load wait: about the last 32 decisions, the
 /// seconds within which a conversation's next turn arrives at hundreds of requests per
 /// minute; a queue that comes and goes between two decisions is averaged out.
 pub const WAIT_WEIGHT: f64 = 1.0 / 32.0;
 
-impl TtftModel {
+/// One worker's (or the fleet's) TTFT as a plain estimator: the fit and the wait its load
+/// recently added ([`TtftModel`] shares the fleet's between threads; a worker's is one of its
+/// learners, [`super::learners::Learners`]).
+#[derive(Clone, Debug, Default)]
+pub struct TtftEstimate {
+    rls: Rls,
+    /// Exponentially weighted mean, over recent routing decisions, of the wait the worker's
+    /// load added to a request sent there (ms).
+    wait: f64,
+}
+
+impl TtftEstimate {
+    /// One answered request: the work it asked for and its observed TTFT.
+    pub fn observe(&mut self, w: &Work, observed_ms: f64) {
+        self.rls.observe(&w.features(), observed_ms);
+    }
+
     /// Records the wait the worker's load adds to a request sent there now (one sample per
-    /// routing decision, every candidate alike).
-    pub fn sample_load_wait(&self, now_ms: f64) {
-        if !now_ms.is_finite() {
-            return;
+    /// routing decision, every candidate alike); a wait that is not a number is ignored.
+    pub fn sample_load_wait(&mut self, now_ms: f64) {
+        if now_ms.is_finite() {
+            self.wait += WAIT_WEIGHT * (now_ms.max(0.0) - self.wait);
         }
-        let mut g = self.wait.lock();
-        *g += WAIT_WEIGHT * (now_ms.max(0.0) - *g);
     }
 
     /// The wait this worker's load recently added to requests sent there: what a
     /// conversation's later turns sent here can expect.
     pub fn load_wait_ms(&self) -> f64 {
-        *self.wait.lock()
+        self.wait
     }
 
-    pub fn observe(&self, w: &Work, observed_ms: f64) {
-        self.rls.lock().observe(&w.features(), observed_ms);
+    pub fn samples(&self) -> u64 {
+        self.rls.samples()
     }
 
-    pub fn snapshot(&self) -> Rls {
-        self.rls.lock().clone()
+    /// The coefficients this model predicts with ([`Rls::fit`]).
+    pub fn fit(&self) -> kvroute_route::Fit {
+        self.rls.fit()
+    }
+
+    /// The fit predictions use: this model's once it has seen [`OWN_MODEL_AFTER`] requests,
+    /// else `fleet` (the fleet's, read once per decision).
+    pub fn fit_or(&self, fleet: kvroute_route::Fit) -> kvroute_route::Fit {
+        if self.samples() >= OWN_MODEL_AFTER {
+            self.fit()
+        } else {
+            fleet
+        }
     }
 
     /// What the model has learned, for the admin view.
     pub fn view(&self) -> TtftView {
-        let m = self.snapshot();
+        let m = &self.rls;
         let t = m.theta();
         TtftView {
             samples: m.samples(),
@@ -395,25 +413,32 @@ impl TtftModel {
             ms_per_m_attention_pairs: t[2],
             ms_per_running_request: t[3],
             prefill_rate_learned: m.trusted(1),
-            load_wait_ms: self.load_wait_ms(),
+            load_wait_ms: self.wait,
         }
     }
+}
 
-    /// The fit predictions use: this model once it has seen [`OWN_MODEL_AFTER`] requests,
-    /// else `fleet`.
-    pub fn model(&self, fleet: &TtftModel) -> Rls {
-        let own = self.snapshot();
-        if own.samples() >= OWN_MODEL_AFTER {
-            own
-        } else {
-            fleet.snapshot()
-        }
+/// The fleet's [`TtftEstimate`], shared by every answer that teaches it and every decision
+/// that borrows it for a worker without its own yet.
+#[derive(Debug, Default)]
+pub struct TtftModel {
+    inner: Mutex<TtftEstimate>,
+}
+
+impl TtftModel {
+    /// [`TtftEstimate::observe`].
+    pub fn observe(&self, w: &Work, observed_ms: f64) {
+        self.inner.lock().observe(w, observed_ms);
     }
 
-    /// Predicted milliseconds and the marginal cost of a prefill token ([`TtftModel::model`]).
-    pub fn predict(&self, fleet: &TtftModel, w: &Work) -> (f64, f64) {
-        let m = self.model(fleet);
-        (m.predict(&w.features()), m.ms_per_token())
+    /// [`TtftEstimate::fit`].
+    pub fn fit(&self) -> kvroute_route::Fit {
+        self.inner.lock().fit()
+    }
+
+    /// [`TtftEstimate::view`].
+    pub fn view(&self) -> TtftView {
+        self.inner.lock().view()
     }
 }
 
@@ -455,16 +480,17 @@ mod tests {
     #[test]
     fn before_any_observation_a_model_predicts_from_its_prior() {
         let fleet = TtftModel::default();
-        let own = TtftModel::default();
-        let (ms, per_token) = own.predict(&fleet, &Work::new(0, 0, 15_000, 0));
+        let own = TtftEstimate::default();
+        let fit = own.fit_or(fleet.fit());
+        let ms = fit.ttft_ms(&Work::new(0, 0, 15_000, 0));
         assert!((ms - 1020.0).abs() < 1e-6, "{ms}");
-        assert!((per_token - 1.0 / 15.0).abs() < 1e-9);
+        assert!((fit.ms_per_token() - 1.0 / 15.0).abs() < 1e-9);
     }
 
     #[test]
     fn a_worker_borrows_the_fleets_model_until_it_has_its_own() {
         let fleet = TtftModel::default();
-        let own = TtftModel::default();
+        let mut own = TtftEstimate::default();
         // The fleet's engines: 10 ms + 0.4 ms a token; this worker's: 5 ms + 0.04 ms a token.
         let at = |k: u64| Work::new(0, 0, 500 + 250 * (k % 5), 0);
         for k in 0..OWN_MODEL_AFTER * 2 {
@@ -474,14 +500,27 @@ mod tests {
             own.observe(&at(k), 5.0 + 0.04 * at(k).own_tokens as f64);
         }
         let w = Work::new(0, 0, 1000, 0);
-        let from_fleet = own.predict(&fleet, &w).0;
+        let from_fleet = own.fit_or(fleet.fit()).ttft_ms(&w);
         own.observe(
             &at(OWN_MODEL_AFTER),
             5.0 + 0.04 * at(OWN_MODEL_AFTER).own_tokens as f64,
         );
-        let from_own = own.predict(&fleet, &w).0;
+        let from_own = own.fit_or(fleet.fit()).ttft_ms(&w);
         assert!((from_fleet - 410.0).abs() < 5.0, "{from_fleet}");
         assert!((from_own - 45.0).abs() < 5.0, "{from_own}");
+    }
+
+    #[test]
+    fn the_shared_fleet_model_is_the_plain_estimate_behind_a_lock() {
+        let (shared, mut plain) = (TtftModel::default(), TtftEstimate::default());
+        for k in 0..40u64 {
+            let w = Work::new(k * 10, 0, 100 + 30 * (k % 7), k % 3);
+            let ms = 12.0 + 0.05 * w.own_tokens as f64;
+            shared.observe(&w, ms);
+            plain.observe(&w, ms);
+        }
+        assert_eq!(shared.fit(), plain.fit());
+        assert_eq!(shared.view().samples, plain.samples());
     }
 
     /// A seeded draw, uniform in ±`half_width` (a linear congruential generator).
@@ -514,7 +553,7 @@ mod tests {
 
     #[test]
     fn a_workers_load_wait_is_the_mean_of_recent_samples_and_forgets_a_passing_queue() {
-        let m = TtftModel::default();
+        let mut m = TtftEstimate::default();
         for _ in 0..256 {
             m.sample_load_wait(40.0);
         }

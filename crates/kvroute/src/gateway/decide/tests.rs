@@ -91,6 +91,8 @@ fn a_worker_re_prefilling_what_it_evicted_is_charged_for_what_a_placement_pushes
         .checked_sub(std::time::Duration::from_millis(1))
         .unwrap_or(before);
     workers[0]
+        .learners
+        .lock()
         .eviction
         .observe(before, kvroute_index::EvictionStats::default(), 0);
     let blocks: Vec<u64> = (1..=100).collect();
@@ -120,13 +122,13 @@ fn a_worker_re_prefilling_what_it_evicted_is_charged_for_what_a_placement_pushes
     let d = decide(&PolicyWeights::default());
     assert_eq!(candidate(&d, "a").eviction_ms, 0.0);
     assert_eq!(d.worker, "a");
-    assert_eq!(workers[0].eviction.rate(), 0.0);
+    assert_eq!(workers[0].learners.lock().eviction.rate(), 0.0);
     let on = PolicyWeights {
         eviction: true,
         ..PolicyWeights::default()
     };
     let d = decide(&on);
-    assert!((workers[0].eviction.rate() - 0.25).abs() < 1e-12);
+    assert!((workers[0].learners.lock().eviction.rate() - 0.25).abs() < 1e-12);
     let a = candidate(&d, "a");
     assert!(
         (a.eviction_ms - 640.0 * 0.25 * a.ms_per_token).abs() < 1e-9,
@@ -196,7 +198,7 @@ fn a_new_conversation_starts_where_its_later_turns_stall_the_fewest_decoding_req
     store(&registry, "a", &prompt[..3072]);
     teach_conversations(&registry, 5, 1000, 100.0);
     for _ in 0..2000 {
-        workers[0].decode.sample_running(3.0);
+        workers[0].learners.lock().decode.sample_running(3.0);
     }
     let run = |weights: &PolicyWeights, follow_up: bool| {
         weighed_decision(&registry, &workers, &prompt, follow_up, None, weights)
@@ -207,7 +209,7 @@ fn a_new_conversation_starts_where_its_later_turns_stall_the_fewest_decoding_req
     let d = run(&PolicyWeights::default(), false);
     let (a, b) = (pick(&d, "a"), pick(&d, "b"));
     // Each of its k later turns stalls the three decoding there by its prefill.
-    let want = k * s * workers[0].decode.mean_running();
+    let want = k * s * workers[0].learners.lock().decode.mean_running();
     assert!(k > 1.0 && (a.prefill_stall_ms - want).abs() < 1e-6, "{a:?}");
     assert_eq!(b.prefill_stall_ms, 0.0);
     assert!(a.own_prefill_ms < b.own_prefill_ms, "{d:?}");
@@ -383,14 +385,14 @@ fn a_new_conversations_later_turns_are_charged_the_decode_they_will_share() {
     // One answer beside the four requests running now: δ·Ō·R. A new conversation brings
     // k more, each beside the two that have recently run there.
     for _ in 0..2000 {
-        workers[0].decode.sample_running(2.0);
+        workers[0].learners.lock().decode.sample_running(2.0);
     }
     let delta = registry.fleet_decode.ms_per_running();
     let (now, recent) = (
         delta * 40.0 * 4.0,
-        delta * 40.0 * workers[0].decode.mean_running(),
+        delta * 40.0 * workers[0].learners.lock().decode.mean_running(),
     );
-    assert!((workers[0].decode.mean_running() - 2.0).abs() < 1e-6);
+    assert!((workers[0].learners.lock().decode.mean_running() - 2.0).abs() < 1e-6);
     let (new, follow) = (run(false), run(true));
     assert!(
         (charge(&new, "a") - (now + k * recent)).abs() < 1e-6,
@@ -411,9 +413,9 @@ fn a_new_conversation_is_priced_with_the_conversations_living_on_each_worker() {
     let life = k * 1000.0;
     let now = std::time::Instant::now();
     for _ in 0..6 {
-        workers[0].live.add(now, life);
+        workers[0].learners.lock().live.add(now, life);
     }
-    workers[1].live.add(now, life);
+    workers[1].learners.lock().live.add(now, life);
     let weights = PolicyWeights::default();
     let run = |follow_up: bool| {
         weighed_decision_at(&registry, &workers, &[9; 64], follow_up, &weights, now)
@@ -439,9 +441,17 @@ fn a_new_conversation_is_priced_with_the_conversations_living_on_each_worker() {
     let d = run(true);
     assert!(d.candidates.iter().all(|c| c.later_turns_ms == 0.0));
     // A placement records the conversation on the chosen worker.
-    let before = workers[1].live.count(std::time::Instant::now(), life);
+    let before = workers[1]
+        .learners
+        .lock()
+        .live
+        .count(std::time::Instant::now(), life);
     record_placement(&registry, &workers[1], &by(&d, "b"), None, false);
-    let after = workers[1].live.count(std::time::Instant::now(), life);
+    let after = workers[1]
+        .learners
+        .lock()
+        .live
+        .count(std::time::Instant::now(), life);
     assert!(after > before + 0.9, "{before} → {after}");
 }
 
@@ -570,7 +580,7 @@ fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_sh
     for w in &workers {
         for i in (0..=64u64).rev() {
             if let Some(t) = now.checked_sub(std::time::Duration::from_millis(20 * i)) {
-                w.arrivals.observe(t);
+                w.learners.lock().arrivals.observe(t);
             }
         }
     }
@@ -613,7 +623,10 @@ fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_sh
         .iter()
         .position(|c| c.worker == "d")
         .expect("candidate d");
-    let rate_now: f64 = workers.iter().map(|w| w.arrivals.per_ms(now)).sum();
+    let rate_now: f64 = workers
+        .iter()
+        .map(|w| w.learners.lock().arrivals.per_ms(now))
+        .sum();
     let lo = next_arrivals_ms(&waits, at, idle.own_prefill_ms, rate_now);
     let hi = next_arrivals_ms(&waits, at, idle.own_prefill_ms, 0.2);
     assert!(lo > 0.0, "{idle:?}");
