@@ -286,11 +286,11 @@ impl Peers {
     fn apply(&self, r: &mut Remote, m: Message, registry: &Registry) -> Result<(), &'static str> {
         match m {
             Message::Booked(b) => {
-                let guard = remote_guard(b.clone(), registry)?;
                 if r.guards.len() >= MAX_REMOTE_BOOKINGS && !r.guards.contains_key(&b.id) {
                     return Err("too_many");
                 }
-                r.guards.insert(b.id, guard);
+                let id = b.id;
+                r.guards.insert(id, remote_guard(b, registry)?);
             }
             Message::FirstByte { id } => {
                 if let Some(g) = r.guards.get_mut(&id) {
