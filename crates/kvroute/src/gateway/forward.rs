@@ -17,7 +17,8 @@ use super::answer::{
 use super::decide::{Decision, Ranked};
 use super::peer_wire::Booked;
 use super::pending::{checkpoint_tails, Prompt};
-use super::registry::{LoadGuard, Worker};
+use super::registry::load::LoadGuard;
+use super::registry::Worker;
 use super::state::AppState;
 use super::ttft::Work;
 use axum::body::{Body, Bytes};
