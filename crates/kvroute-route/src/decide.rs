@@ -188,7 +188,7 @@ fn candidate(
         0.0
     };
     Candidate {
-        worker: w.name.clone(),
+        worker: w.name.to_string(),
         predicted_cached: cached,
         blind_cached: if hybrid { w.blind } else { 0 },
         predicted_tier: tier,

@@ -10,6 +10,7 @@
 
 use crate::work::Fit;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// The fleet's figures and its candidates, as the gateway's state held them at one decision.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -35,7 +36,8 @@ pub struct FleetFacts {
 /// One candidate worker's figures.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkerFacts {
-    pub name: String,
+    /// The worker's name (shared with the gateway's record of it: no copy per decision).
+    pub name: Arc<str>,
     /// The index's prediction for the worker's best DP rank, under the policy's view.
     pub cached: u64,
     /// The part of `cached` an offload tier serves.

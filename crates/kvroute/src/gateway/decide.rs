@@ -357,7 +357,7 @@ fn worker_facts(
     };
     let (queued_tokens, running) = w.load_at(drain, now);
     WorkerFacts {
-        name: w.spec.name.clone(),
+        name: w.id.clone(),
         cached: b.map_or(0, |b| b.cached),
         tier: b.map_or(0, |b| b.tier),
         blind: b.map_or(0, |b| b.blind),

@@ -326,7 +326,7 @@ async fn retire<H: FleetHost>(state: Arc<H>, name: String, worker: Arc<Worker>) 
 mod tests {
     use super::*;
     use crate::gateway::config::file::GatewayConfig;
-    use crate::gateway::registry::LoadGuard;
+    use crate::gateway::registry::load::LoadGuard;
     use crate::gateway::Gateway;
 
     #[tokio::test]

@@ -5,7 +5,7 @@ use super::*;
 use crate::gateway::arrivals::GAP_WEIGHT;
 use crate::gateway::config::WorkerSpec;
 use crate::gateway::config::{CostModel, PrefillStall};
-use crate::gateway::registry::LoadGuard;
+use crate::gateway::registry::load::LoadGuard;
 use kvroute_index::event::{CacheKind, Event, Stored};
 use kvroute_index::hash::{HashAlgo, DEFAULT_SEED};
 use kvroute_index::index::block_hashes;
