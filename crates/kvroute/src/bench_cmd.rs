@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use kvroute::bench::client::{Api, PromptFormat};
 use kvroute::bench::{BenchOptions, FleetSpec, Target};
+use kvroute::simfleet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -151,6 +152,10 @@ pub struct BenchArgs {
     /// `[peers]` does (true, the default) or each counts only its own between engine polls.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     replica_peers: bool,
+    /// Peered in-process replicas also share what their requests teach them (`[peers]
+    /// learning`: true, the default) or only their bookings.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    replica_learning: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -229,7 +234,11 @@ impl BenchArgs {
             next_arrivals: self.next_arrivals,
             queue_drain: self.queue_drain,
             in_flight_forecast: self.in_flight_forecast,
-            replica_peers: self.replica_peers,
+            replica_sharing: match (self.replica_peers, self.replica_learning) {
+                (false, _) => simfleet::Sharing::Isolated,
+                (true, false) => simfleet::Sharing::Bookings,
+                (true, true) => simfleet::Sharing::Learning,
+            },
         })
     }
 }

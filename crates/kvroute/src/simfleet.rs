@@ -155,18 +155,29 @@ pub async fn start(
     policy: PolicyKind,
     weights: PolicyWeights,
 ) -> Result<SimGateway> {
-    start_replicas(shape, policy, weights, 1, false).await
+    start_replicas(shape, policy, weights, 1, Sharing::Isolated).await
+}
+
+/// What in-process replicas tell each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// Nothing: each counts only its own requests between engine polls.
+    Isolated,
+    /// Their bookings (`[peers]` with `learning = false`).
+    Bookings,
+    /// Their bookings and what their requests teach them (`[peers]`, the default).
+    Learning,
 }
 
 /// Starts a fresh fleet and `replicas` (at least one) gateways with `policy` and `weights` in
-/// front of it, every one subscribed to every worker's events, and with `peers` each told the
-/// others' admin URLs (`[peers]`: they share their bookings).
+/// front of it, every one subscribed to every worker's events, and unless `sharing` is
+/// isolated each told the others' admin URLs (`[peers]`).
 pub async fn start_replicas(
     shape: &FleetShape,
     policy: PolicyKind,
     weights: PolicyWeights,
     replicas: usize,
-    peers: bool,
+    sharing: Sharing,
 ) -> Result<SimGateway> {
     let (fleet, roles) = start_fleet(shape).await?;
     let mut g = GatewayConfig {
@@ -201,8 +212,8 @@ pub async fn start_replicas(
             }
         }
     }
-    if peers && gateways.len() > 1 {
-        join_peers(&gateways);
+    if sharing != Sharing::Isolated && gateways.len() > 1 {
+        join_peers(&gateways, sharing == Sharing::Learning);
     }
     for gw in &gateways {
         wait_ready(gw).await;
@@ -220,8 +231,8 @@ pub async fn start_replicas(
 }
 
 /// Tells every gateway the others' admin URLs (what `[peers] urls` would, once their ports are
-/// known).
-fn join_peers(gateways: &[GatewayHandle]) {
+/// known), and whether they share what they learn.
+fn join_peers(gateways: &[GatewayHandle], learning: bool) {
     let urls: Vec<String> = gateways
         .iter()
         .map(|gw| format!("http://{}", gw.admin_addr))
@@ -233,6 +244,7 @@ fn join_peers(gateways: &[GatewayHandle]) {
             .filter(|u| **u != format!("http://{}", gw.admin_addr))
             .cloned()
             .collect();
+        cfg.peers.learning = learning;
         gw.state
             .peers
             .configure(&cfg.peers, SendContext::new(&gw.state.client, &cfg));

@@ -553,7 +553,7 @@ async fn a_url_target_naming_three_replicas_is_balanced_at_random_by_the_seed() 
         kvroute_route::PolicyKind::HybridAware,
         weights,
         3,
-        true,
+        kvroute::simfleet::Sharing::Learning,
     )
     .await
     .unwrap();

@@ -183,8 +183,8 @@ pub struct BenchOptions {
     pub queue_drain: Option<bool>,
     /// The in-process gateway's `weights.in_flight_forecast`.
     pub in_flight_forecast: Option<bool>,
-    /// In-process replicas share their bookings (`[peers]`, as a deployment configures them).
-    pub replica_peers: bool,
+    /// What in-process replicas share (`[peers]`, as a deployment configures them).
+    pub replica_sharing: simfleet::Sharing,
 }
 
 impl Default for BenchOptions {
@@ -230,7 +230,7 @@ impl Default for BenchOptions {
             next_arrivals: None,
             queue_drain: None,
             in_flight_forecast: None,
-            replica_peers: true,
+            replica_sharing: simfleet::Sharing::Learning,
         }
     }
 }
@@ -280,7 +280,7 @@ async fn start_kvroute(
         speedup: o.speedup,
         pd,
     };
-    simfleet::start_replicas(&shape, policy, weights, o.replicas, o.replica_peers).await
+    simfleet::start_replicas(&shape, policy, weights, o.replicas, o.replica_sharing).await
 }
 
 fn shape(o: &BenchOptions) -> Result<workload::Shape> {

@@ -8,6 +8,8 @@
 //! nothing here changes the bytes the client receives.
 //! Must not: block, or read anything but the bytes and the worker's counters it is given.
 
+use super::observe;
+use super::peer_wire::{DecodeSample, Learned};
 use super::registry::Worker;
 use super::state::AppState;
 use serde_json::Value;
@@ -89,25 +91,39 @@ impl DecodeTiming {
     /// since, less what is still queued at its last, per token decoded.
     pub(crate) fn finish(&mut self, st: &AppState, worker: &Worker, reported: Option<u64>) {
         let tokens = reported.unwrap_or(self.events).max(1);
-        st.registry.output_tokens.observe(tokens);
-        if let (Some(s), Some(t1)) = (self.first.take(), self.last) {
-            if tokens >= 2 {
-                let steps = (tokens - 1) as f64;
-                let itl_ms = t1.saturating_duration_since(s.at).as_secs_f64() * 1e3 / steps;
-                let since = worker
-                    .booked_total
-                    .load(Ordering::Relaxed)
-                    .saturating_sub(s.booked_total);
-                let worked_off = s
-                    .queued_tokens
-                    .saturating_add(since)
-                    .saturating_sub(worker.queued_tokens());
-                let prefill = worked_off as f64 / steps;
-                let r = s.others_running as f64;
-                worker.learners.lock().decode.observe(prefill, r, itl_ms);
-                st.registry.fleet_decode.observe(prefill, r, itl_ms);
-            }
+        let decode = self.sample(worker, tokens);
+        observe::answered(&st.registry, worker, tokens, decode);
+        if st.peers.outbox.shares_learning() {
+            st.peers.outbox.learned(Learned::Answered {
+                worker: worker.spec.name.clone(),
+                tokens,
+                decode,
+            });
         }
+    }
+
+    /// The decoding this stream showed, once it decoded two tokens or more: the prefill the
+    /// worker worked off per decoded token, the others running beside it, the mean ITL.
+    fn sample(&mut self, worker: &Worker, tokens: u64) -> Option<DecodeSample> {
+        let (s, t1) = (self.first.take()?, self.last?);
+        if tokens < 2 {
+            return None;
+        }
+        let steps = (tokens - 1) as f64;
+        let itl_ms = t1.saturating_duration_since(s.at).as_secs_f64() * 1e3 / steps;
+        let since = worker
+            .booked_total
+            .load(Ordering::Relaxed)
+            .saturating_sub(s.booked_total);
+        let worked_off = s
+            .queued_tokens
+            .saturating_add(since)
+            .saturating_sub(worker.queued_tokens());
+        Some(DecodeSample {
+            prefill: worked_off as f64 / steps,
+            running: s.others_running as f64,
+            itl_ms,
+        })
     }
 }
 

@@ -1,17 +1,17 @@
 //! One routing decision from the fleet's state: the snapshot the routing core decides from,
-//! the core's decision mapped back onto workers, and the placement's observations.
+//! and the core's decision mapped back onto workers.
 //!
 //! Owns: [`snapshot`] (every candidate's figures read once: the index's routing prediction —
 //! the ranks that hit, a worker not listed hits 0 —, the in-flight forecast, the queue, the
 //! running requests, the learned models' current figures), [`decide_with`] (snapshot →
 //! [`kvroute_route::decide`] → the ranked workers, the per-group evidence asked for, the
 //! decision log), [`prepare`] (the readings a placement brings up to date before it is decided:
-//! each candidate's queue drain rate, its eviction figures when their refresh is due) and the
-//! placement's records ([`record_placement`], [`record_least_loaded`]).
+//! each candidate's queue drain rate, its eviction figures when their refresh is due). The
+//! placement's records are `gateway::observe`'s.
 //! Invariants: only routable workers serving the model are candidates; a worker's prediction
 //! is the best of its DP ranks (the engine's own balancer picks the rank); `snapshot` and
-//! `decide_with` change nothing (`/admin/explain` calls them), only `prepare` and the records
-//! do, and only the proxy calls those.
+//! `decide_with` change nothing (`/admin/explain` calls them), only `prepare` does, and only
+//! the proxy calls it.
 //! Must not: send anything upstream, or rank: the ranking is the core's.
 
 use super::config::PolicyWeights;
@@ -19,9 +19,8 @@ use super::learners::Lent;
 use super::pending::{Forecast, Prompt};
 use super::registry::{Registry, Worker};
 use kvroute_index::{BlockExtras, Params, Query, WorkerId};
-use kvroute_route::terms::conversation_life_ms;
 use kvroute_route::{
-    Candidate, FleetFacts, LiveFacts, Outlook, PolicyKind, RequestFacts, Snapshot, WorkerFacts,
+    FleetFacts, LiveFacts, Outlook, PolicyKind, RequestFacts, Snapshot, WorkerFacts,
 };
 use std::collections::HashMap;
 use std::io::Write;
@@ -410,49 +409,6 @@ fn log_decision(
             tracing::warn!(error = %e, "decision log not written (reported once)");
         }
     }
-}
-
-/// Records where a request went: the chosen worker's request rate; for the conversation charge,
-/// a follow-up teaches the turn cycle (`gap`, the time since its previous turn) and its prefill
-/// there; a new conversation, or a follow-up moved off the worker holding its history
-/// (`moved`), lives on the chosen worker from now.
-pub fn record_placement(
-    registry: &Registry,
-    chosen: &Worker,
-    cand: &Candidate,
-    gap: Option<std::time::Duration>,
-    moved: bool,
-) {
-    chosen
-        .learners
-        .lock()
-        .arrivals
-        .observe(std::time::Instant::now());
-    if let Some(gap) = gap {
-        registry.turns.observe_gap(gap);
-        registry.turns.observe_prefill(cand.own_prefill_ms);
-    }
-    if gap.is_none() || moved {
-        let k = registry.follow_ups.expected();
-        if let Some(life_ms) = conversation_life_ms(k, registry.turns.cycle()) {
-            let now = std::time::Instant::now();
-            chosen.learners.lock().live.add(now, life_ms);
-        }
-    }
-}
-
-/// Records, for the next arrivals' charge, whether a request went where its wait was least:
-/// the chosen candidate (`ranked`'s first) had no candidate's load wait below its own. Called
-/// only while the charge is on, so a request pays for no bookkeeping nobody reads.
-pub fn record_least_loaded(registry: &Registry, ranked: &[Candidate]) {
-    let Some(chosen) = ranked.first() else {
-        return;
-    };
-    let least = ranked
-        .iter()
-        .map(|c| c.load_delay_ms)
-        .fold(f64::INFINITY, f64::min);
-    registry.least_loaded.observe(chosen.load_delay_ms, least);
 }
 
 #[cfg(test)]

@@ -18,8 +18,9 @@ use super::answer::{
     DecodeTiming,
 };
 use super::decide::{Decision, Ranked};
+use super::observe;
 use super::otel::{EngineHeaders, Forwarding, RequestTrace};
-use super::peer_wire::Booked;
+use super::peer_wire::{Booked, Learned};
 use super::pending::{checkpoint_tails, Prompt};
 use super::registry::load::LoadGuard;
 use super::registry::Worker;
@@ -135,8 +136,14 @@ impl<'a> Booking<'a> {
 fn observe_ttft(st: &AppState, worker: &Worker, work: &(Work, f64), elapsed: Duration) {
     let (w, predicted_ms) = work;
     let observed_ms = elapsed.as_secs_f64() * 1000.0;
-    worker.learners.lock().ttft.observe(w, observed_ms);
-    st.registry.fleet_ttft.observe(w, observed_ms);
+    observe::ttft(&st.registry, worker, w, observed_ms);
+    if st.peers.outbox.shares_learning() {
+        st.peers.outbox.learned(Learned::Ttft {
+            worker: worker.spec.name.clone(),
+            work: *w,
+            ms: observed_ms,
+        });
+    }
     let name = worker.spec.name.as_str();
     st.metrics
         .ttft_error
@@ -334,7 +341,14 @@ async fn whole_answer(
             record_error(st, name, seen.predicted, reported);
         }
         if let Some(n) = completion_tokens(&bytes) {
-            st.registry.output_tokens.observe(n);
+            observe::answered(&st.registry, worker, n, None);
+            if st.peers.outbox.shares_learning() {
+                st.peers.outbox.learned(Learned::Answered {
+                    worker: worker.spec.name.clone(),
+                    tokens: n,
+                    decode: None,
+                });
+            }
         }
     }
     let mut r = Response::new(Body::from(bytes));

@@ -35,6 +35,7 @@ pub mod intake;
 pub mod learners;
 pub mod listen;
 pub mod metrics;
+pub mod observe;
 pub mod otel;
 pub mod peer_wire;
 pub mod peers;

@@ -2,7 +2,8 @@
 //! side of it: the messages, their batch, and the [`Outbox`] a booking announces itself to.
 //!
 //! Owns: [`Message`] and [`Batch`] (the JSON a replica posts to another's
-//! `POST /admin/peers/bookings`), the outbox's links (one bounded queue per peer, fed by
+//! `POST /admin/peers/bookings`), [`Learned`] (what a request taught the replica that routed
+//! it), the outbox's links (one bounded queue per peer, fed by
 //! `try_send`), the ids of this replica's open bookings (what a heartbeat lists) and the
 //! count of what a full queue dropped.
 //! Invariants: announcing never waits (a full queue drops the message and counts it); each
@@ -11,6 +12,8 @@
 //! Must not: send anything itself (the sender tasks are `gateway::peers`'), or import the
 //! registry (the registry's load guard imports this module).
 
+use super::sessions::Mark;
+use kvroute_route::Work;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -33,6 +36,54 @@ pub struct Booked {
     pub checkpoints: Vec<(u64, Vec<u32>)>,
 }
 
+/// What one request taught the replica that routed it: applied to its own learners and, where
+/// `[peers] learning` is on, announced so its peers learn it too (`gateway::observe`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum Learned {
+    /// Where a request went.
+    Placed(Placed),
+    /// A request's first byte came back `ms` after it was sent, for `work`.
+    Ttft { worker: String, work: Work, ms: f64 },
+    /// A request ended with `tokens` output tokens, and what its decoding showed.
+    Answered {
+        worker: String,
+        tokens: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decode: Option<DecodeSample>,
+    },
+}
+
+/// A placement's records.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placed {
+    pub worker: String,
+    /// The prompt as the follow-up tracker remembers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<Mark>,
+    /// A follow-up's time since its conversation's previous turn (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap_ms: Option<f64>,
+    /// A follow-up placed off the worker holding most of its history.
+    #[serde(default)]
+    pub moved: bool,
+    /// The prefill predicted for it on the chosen worker (ms).
+    pub own_prefill_ms: f64,
+    /// The chosen worker's load wait and the least among the candidates' (ms), while the
+    /// next arrivals' charge is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_waits: Option<(f64, f64)>,
+}
+
+/// One answer's decoding: prefill worked off per decoded token, requests running beside it,
+/// and its mean inter-token latency (ms).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DecodeSample {
+    pub prefill: f64,
+    pub running: f64,
+    pub itl_ms: f64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Message {
@@ -49,6 +100,8 @@ pub enum Message {
     Live {
         ids: Vec<u64>,
     },
+    /// What a request taught the sender.
+    Learned(Learned),
 }
 
 impl Message {
@@ -58,6 +111,7 @@ impl Message {
             Message::FirstByte { .. } => "first_byte",
             Message::Done { .. } => "done",
             Message::Live { .. } => "live",
+            Message::Learned(_) => "learned",
         }
     }
 }
@@ -82,6 +136,8 @@ struct Link {
 pub struct Outbox {
     links: RwLock<Vec<Link>>,
     active: AtomicBool,
+    /// Whether what this replica learns is announced too (`[peers] learning`).
+    learning: AtomicBool,
     next_id: AtomicU64,
     open: Mutex<HashSet<u64>>,
     /// Messages a full queue dropped.
@@ -102,6 +158,23 @@ impl Outbox {
         self.active.store(!l.is_empty(), Ordering::Release);
         if l.is_empty() {
             self.open.lock().clear();
+        }
+    }
+
+    /// Announces what this replica learns too, or stops.
+    pub fn set_learning(&self, on: bool) {
+        self.learning.store(on, Ordering::Release);
+    }
+
+    /// Whether a [`Outbox::learned`] would reach a peer (so a caller builds nothing when not).
+    pub fn shares_learning(&self) -> bool {
+        self.active.load(Ordering::Acquire) && self.learning.load(Ordering::Acquire)
+    }
+
+    /// Announces what a request taught this replica, when learning is shared.
+    pub fn learned(&self, l: Learned) {
+        if self.shares_learning() {
+            self.broadcast(Message::Learned(l));
         }
     }
 

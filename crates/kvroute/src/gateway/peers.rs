@@ -18,6 +18,7 @@ use super::config::file::GatewayConfig;
 use super::config::peers::{PeersConfig, PeersDns};
 use super::discovery::dns::{build_resolver, resolve};
 use super::metrics::PeerMetrics;
+use super::observe;
 use super::peer_wire::{Batch, Booked, Message, Outbox};
 use super::registry::load::LoadGuard;
 use super::registry::Registry;
@@ -131,6 +132,7 @@ impl Peers {
     /// queues drain). Needs a Tokio runtime.
     pub fn configure(self: &Arc<Self>, cfg: &PeersConfig, ctx: SendContext) {
         *self.config.lock() = cfg.clone();
+        self.outbox.set_learning(cfg.learning);
         *self.ctx.lock() = Some(ctx);
         if cfg.dns.is_none() {
             self.resolved.lock().clear();
@@ -307,6 +309,7 @@ impl Peers {
                 r.guards.retain(|id, _| live.contains(id));
                 self.count_drops("not_live", before - r.guards.len());
             }
+            Message::Learned(l) => observe::from_peer(registry, l, Instant::now())?,
         }
         Ok(())
     }

@@ -15,16 +15,16 @@
 //! decision's attributes), ended with the answer's body.
 //! Must not: rewrite the request body or the response (besides the decision header).
 
-use super::decide::{
-    candidates_for, decide_with, prepare, record_least_loaded, record_placement, Ranked,
-    RouteRequest,
-};
+use super::decide::{candidates_for, decide_with, prepare, Ranked, RouteRequest};
 use super::disagg;
 use super::forward::{attach_decision, forward, Booking, Endpoint, Outgoing};
+use super::observe;
 use super::otel::RequestTrace;
+use super::peer_wire::Learned;
 use super::registry::{Registry, Worker};
 use super::reply::{error, invalid};
 use super::request;
+use super::sessions::Mark;
 use super::state::AppState;
 use super::tenants::{completion_budget, Admission};
 use super::tokenize::{PromptInput, TokenizeError};
@@ -286,17 +286,39 @@ struct Decided<'a> {
     policy: PolicyKind,
 }
 
+/// Applies a placement's records to the learners and announces them to the peers when
+/// learning is shared.
+fn record_placement(
+    st: &AppState,
+    ranked: &Ranked<'_>,
+    follow_up: (Option<Duration>, Option<Mark>),
+    next_arrivals: bool,
+) {
+    let Some(w) = ranked.order.first() else {
+        return;
+    };
+    let moved = ranked.decision.best_cached > ranked.decision.predicted_cached;
+    let cands = &ranked.decision.candidates;
+    if let Some(p) = observe::placement(w, cands, follow_up, moved, next_arrivals) {
+        observe::placed(&st.registry, w, &p, Instant::now());
+        st.peers.outbox.learned(Learned::Placed(p));
+    }
+}
+
 /// Decides where an admitted request goes: its follow-up status (recorded once here), the
 /// readings the placement brings up to date ([`prepare`]), the routing core's ranking of the
 /// first pool (the prefill pool of a split model, then its decode pool), the decision's
 /// metrics and the placement's records.
 fn decide<'a>(st: &Arc<AppState>, a: &'a Admitted, explain: bool) -> Decided<'a> {
     let policy = st.policy();
-    let turn_gap = if policy.uses_cache() {
-        st.registry.follow_ups.observe(&a.tokens, Instant::now())
+    let follow_up = if policy.uses_cache() {
+        st.registry
+            .follow_ups
+            .observe_marked(&a.tokens, Instant::now())
     } else {
-        None
+        (None, None)
     };
+    let turn_gap = follow_up.0;
     if turn_gap.is_some() {
         st.metrics.follow_ups.inc();
     }
@@ -324,13 +346,7 @@ fn decide<'a>(st: &Arc<AppState>, a: &'a Admitted, explain: bool) -> Decided<'a>
     let ranked = rank_pool(pd.as_ref().map_or(&a.workers, |p| &p.prefill));
     record_decision(st, &ranked, policy);
     if policy.uses_cache() {
-        if let (Some(w), Some(c)) = (ranked.order.first(), ranked.decision.candidates.first()) {
-            let forgone = ranked.decision.best_cached > ranked.decision.predicted_cached;
-            record_placement(&st.registry, w, c, turn_gap, forgone);
-        }
-        if weights.next_arrivals {
-            record_least_loaded(&st.registry, &ranked.decision.candidates);
-        }
+        record_placement(st, &ranked, follow_up, weights.next_arrivals);
     }
     // The decode pool is ranked by the same policy: its load, and its own hit (the part of
     // the prompt it need not pull).

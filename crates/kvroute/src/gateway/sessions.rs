@@ -83,6 +83,30 @@ impl Chain {
     }
 }
 
+/// A prompt as the tracker remembers it: the chain digest of its full links, its length and
+/// the digest of its tail. Enough for another replica to recognise the prompt's follow-ups
+/// without its tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Mark {
+    pub key: u64,
+    pub len: usize,
+    pub tail: u64,
+}
+
+impl Mark {
+    /// The mark of `tokens`, whose chain is `chain` (`None` when `chain` is another prompt's
+    /// and too short for it).
+    pub fn of(chain: &Chain, tokens: &[u32]) -> Option<Mark> {
+        let links = tokens.len() / LINK;
+        let key = *chain.0.get(links)?;
+        Some(Mark {
+            key,
+            len: tokens.len(),
+            tail: tail_digest(&tokens[links * LINK..]),
+        })
+    }
+}
+
 /// The xxh3 of at most [`LINK`] tokens' little-endian bytes with `seed`, written out on the
 /// stack (a link or a tail: every digest the tracker takes).
 fn digest(tokens: &[u32], seed: u64) -> u64 {
@@ -114,30 +138,45 @@ impl FollowUpTracker {
         tokens: &[u32],
         now: Instant,
     ) -> Option<Duration> {
-        let keys = &chain.0;
-        let previous = longest_earlier(&self.by_key, keys, tokens);
-        self.count(previous.is_some());
-        let links = tokens.len() / LINK;
-        let Some(&key) = keys.get(links) else {
-            // A chain of another prompt: nothing to remember it by.
-            return previous.map(|at| now.saturating_duration_since(at));
+        self.observe_marked(chain, tokens, now).0
+    }
+
+    /// [`FollowUpTracker::observe_chain`], also returning the prompt's [`Mark`] (what another
+    /// replica remembers it by; `None` for a chain of another prompt).
+    pub fn observe_marked(
+        &mut self,
+        chain: &Chain,
+        tokens: &[u32],
+        now: Instant,
+    ) -> (Option<Duration>, Option<Mark>) {
+        let previous = longest_earlier(&self.by_key, &chain.0, tokens);
+        let mark = Mark::of(chain, tokens);
+        self.remember(mark, previous.is_some(), now);
+        (previous.map(|at| now.saturating_duration_since(at)), mark)
+    }
+
+    /// Counts a request another replica saw (`follow_up`: what it found) and remembers its
+    /// prompt by `mark` as seen at `now`, as if it had come here.
+    pub fn remember(&mut self, mark: Option<Mark>, follow_up: bool, now: Instant) {
+        self.count(follow_up);
+        let Some(mark) = mark else {
+            return;
         };
         let seq = self.seq;
         self.seq += 1;
         let entry = Remembered {
-            len: tokens.len(),
-            tail: tail_digest(&tokens[links * LINK..]),
+            len: mark.len,
+            tail: mark.tail,
             seq,
             at: now,
         };
-        let bucket = self.by_key.entry(key).or_default();
+        let bucket = self.by_key.entry(mark.key).or_default();
         bucket.push_back(entry);
         if bucket.len() > PER_KEY {
             bucket.pop_front();
         }
-        self.order.push_back((key, seq));
+        self.order.push_back((mark.key, seq));
         self.forget_beyond_capacity();
-        previous.map(|at| now.saturating_duration_since(at))
     }
 
     /// Counts one request, a follow-up or not, in the totals and the weighted fraction.
@@ -207,6 +246,17 @@ impl FollowUps {
     pub fn observe(&self, tokens: &[u32], now: Instant) -> Option<Duration> {
         let chain = Chain::of(tokens);
         self.inner.lock().observe_chain(&chain, tokens, now)
+    }
+
+    /// [`FollowUpTracker::observe_marked`].
+    pub fn observe_marked(&self, tokens: &[u32], now: Instant) -> (Option<Duration>, Option<Mark>) {
+        let chain = Chain::of(tokens);
+        self.inner.lock().observe_marked(&chain, tokens, now)
+    }
+
+    /// [`FollowUpTracker::remember`].
+    pub fn remember(&self, mark: Option<Mark>, follow_up: bool, now: Instant) {
+        self.inner.lock().remember(mark, follow_up, now);
     }
 
     /// [`FollowUpTracker::extends_earlier`].

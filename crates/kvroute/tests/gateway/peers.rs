@@ -1,7 +1,8 @@
 //! Replicas joined by the booking channel (`[peers]`), over real sockets: each counts the
 //! others' requests in flight the moment they are sent, with no engine poll between; a replica
 //! that is killed, cut off or restarted costs the others its bookings (dropped at its silence
-//! or its new incarnation), never a request.
+//! or its new incarnation), never a request; replicas sharing what they learn decide a request
+//! alike whichever of them it reaches.
 
 use crate::common;
 
@@ -52,8 +53,14 @@ async fn replica(f: &Fleet, name: &str) -> GatewayHandle {
 
 /// Links every replica to every other (a reload-free reconfiguration: what `[peers]` does).
 fn join(replicas: &[&GatewayHandle]) {
+    join_sharing(replicas, true);
+}
+
+/// [`join`], sharing what the replicas learn (`[peers] learning`) or only their bookings.
+fn join_sharing(replicas: &[&GatewayHandle], learning: bool) {
     for g in replicas {
         let mut cfg = (*g.state.config()).clone();
+        cfg.peers.learning = learning;
         cfg.peers.urls = replicas
             .iter()
             .map(|o| format!("http://{}", o.admin_addr))
@@ -491,5 +498,114 @@ async fn replicas_find_each_other_in_dns_srv_records_as_a_headless_service_names
     }
     for g in [a, b] {
         g.shutdown().await;
+    }
+}
+
+/// What a replica has learned, as far as two replicas fed the same observations in the same
+/// order must agree on it exactly: follow-ups (requests, follow-ups), the fleet's mean answer
+/// length and TTFT fit, and each worker's TTFT fit.
+fn learned(g: &GatewayHandle) -> String {
+    let r = &g.state.registry;
+    let own: Vec<String> = r
+        .all()
+        .iter()
+        .map(|w| format!("{:?}", w.learners.lock().ttft.fit()))
+        .collect();
+    format!(
+        "{:?} {:?} {:?} {own:?}",
+        r.follow_ups.counts(),
+        r.output_tokens.mean(),
+        r.fleet_ttft.fit()
+    )
+}
+
+/// The parts of `/admin/explain`'s decision on `tokens` that depend on no clock: the worker
+/// chosen, the follow-ups expected, and each candidate's predicted hit and TTFT.
+async fn explained(g: &GatewayHandle, tokens: &[u32]) -> Value {
+    let v: Value = reqwest::Client::new()
+        .post(format!("http://{}/admin/explain", g.admin_addr))
+        .json(&json!({"model": PRESET, "tokens": tokens}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let d = &v["decision"];
+    let cands: Vec<Value> = d["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| json!([c["worker"], c["predicted_cached"], c["predicted_ttft_ms"]]))
+        .collect();
+    json!({"worker": d["worker"], "follow_ups": d["follow_ups"], "candidates": cands})
+}
+
+/// Four conversations of three turns each, each turn extending the one before, sent one at a
+/// time to replica i mod 3 (so each turn reaches another replica than the turns before it);
+/// returns each replica's (requests, follow-ups) counted once the channel is quiet, and checks
+/// (with `learning`) that every replica explains each request alike and has learned alike.
+async fn conversations_over(replicas: &[&GatewayHandle; 3], learning: bool) -> Vec<(u64, u64)> {
+    let mut sent = 0;
+    for turn in 0..3usize {
+        for conv in 0..4u32 {
+            let tokens = prompt(900 + conv, 120 + 40 * turn);
+            if learning {
+                let first = explained(replicas[0], &tokens).await;
+                for g in &replicas[1..] {
+                    assert_eq!(explained(g, &tokens).await, first, "turn {turn} of {conv}");
+                }
+            }
+            let front = replicas[sent % 3].addr.to_string();
+            assert_eq!(send(front, tokens, 8).await.unwrap(), 200);
+            sent += 1;
+            let settled = || async {
+                let quiet = replicas.iter().all(|g| {
+                    g.state.peers.remote_bookings() == 0 && g.state.peers.outbox.open() == 0
+                });
+                let views: Vec<String> = replicas.iter().map(|g| learned(g)).collect();
+                let counted = replicas
+                    .iter()
+                    .all(|g| g.state.registry.follow_ups.counts().0 == sent as u64);
+                quiet && (!learning || (counted && views.iter().all(|v| *v == views[0])))
+            };
+            common::wait_until(common::WAIT, "the replicas settled", settled).await;
+        }
+    }
+    replicas
+        .iter()
+        .map(|g| g.state.registry.follow_ups.counts())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_what_they_learn_decide_a_request_alike_whichever_it_reaches() {
+    let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
+    cfg.speedup = 0.05;
+    let f = Fleet::start(FleetOptions::new(cfg, 2)).await.unwrap();
+    let (a, b, c) = (
+        replica(&f, "a").await,
+        replica(&f, "b").await,
+        replica(&f, "c").await,
+    );
+    join_sharing(&[&a, &b, &c], true);
+    let counts = conversations_over(&[&a, &b, &c], true).await;
+    assert_eq!(
+        counts,
+        vec![(12, 8); 3],
+        "every replica counts every turn after the first"
+    );
+    // Sharing only bookings, a replica recognises a follow-up only where it saw an earlier
+    // turn, and here none did: what the check above asks is not met by a replica's own share.
+    let (d, e, g) = (
+        replica(&f, "d").await,
+        replica(&f, "e").await,
+        replica(&f, "g").await,
+    );
+    join_sharing(&[&d, &e, &g], false);
+    let alone = conversations_over(&[&d, &e, &g], false).await;
+    assert_eq!(alone, vec![(4, 0); 3]);
+    for gw in [a, b, c, d, e, g] {
+        gw.shutdown().await;
     }
 }

@@ -34,6 +34,11 @@ pub struct PeersConfig {
     /// costs the others precision, never a request's time).
     #[serde(default = "default_queue")]
     pub queue: usize,
+    /// Whether each replica also tells the others what its requests taught it (placements,
+    /// first-byte timings, answers' lengths and decoding), so every replica's learners see
+    /// the whole fleet's traffic, not its own share.
+    #[serde(default = "default_learning")]
+    pub learning: bool,
     /// Peers found in DNS beside `urls`: a name whose records are the replicas (a headless
     /// Service of the gateway's pods), resolved every `interval_secs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -64,6 +69,9 @@ pub struct PeersDns {
     pub timeout_secs: f64,
 }
 
+fn default_learning() -> bool {
+    true
+}
 fn default_admin_port() -> u16 {
     8081
 }
@@ -126,6 +134,7 @@ impl Default for PeersConfig {
             heartbeat_secs: default_heartbeat(),
             timeout_secs: default_timeout(),
             queue: default_queue(),
+            learning: default_learning(),
             dns: None,
         }
     }

@@ -5,12 +5,14 @@ use super::*;
 use crate::gateway::arrivals::GAP_WEIGHT;
 use crate::gateway::config::WorkerSpec;
 use crate::gateway::config::{CostModel, PrefillStall};
+use crate::gateway::observe;
 use crate::gateway::registry::load::LoadGuard;
 use kvroute_index::event::{CacheKind, Event, Stored};
 use kvroute_index::hash::{HashAlgo, DEFAULT_SEED};
 use kvroute_index::index::block_hashes;
 use kvroute_index::Index;
 use kvroute_route::terms::{conversation_cost_ms, next_arrivals_ms};
+use kvroute_route::Candidate;
 
 fn store(registry: &Registry, worker: &str, tokens: &[u32]) {
     store_group(
@@ -356,6 +358,20 @@ fn weighed_decision_at(
 }
 
 /// The candidate for worker `w` in a decision.
+/// The next arrivals' record of a placement on `d`'s chosen worker.
+fn record_least_loaded(registry: &Registry, workers: &[Arc<Worker>], d: &Decision) {
+    let chosen = workers
+        .iter()
+        .find(|w| w.spec.name == d.worker)
+        .expect("the chosen worker");
+    let p =
+        observe::placement(chosen, &d.candidates, (None, None), false, true).expect("a placement");
+    registry.least_loaded.observe(
+        p.load_waits.expect("recorded").0,
+        p.load_waits.expect("recorded").1,
+    );
+}
+
 fn candidate(d: &Decision, w: &str) -> Candidate {
     d.candidates
         .iter()
@@ -446,7 +462,9 @@ fn a_new_conversation_is_priced_with_the_conversations_living_on_each_worker() {
         .lock()
         .live
         .count(std::time::Instant::now(), life);
-    record_placement(&registry, &workers[1], &by(&d, "b"), None, false);
+    let b = [by(&d, "b")];
+    let p = observe::placement(&workers[1], &b, (None, None), false, false).expect("a placement");
+    observe::placed(&registry, &workers[1], &p, std::time::Instant::now());
     let after = workers[1]
         .learners
         .lock()
@@ -639,11 +657,11 @@ fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_sh
     assert_eq!(d.worker, "d", "a short prompt still takes the idle worker");
     // λ counts the requests that went where the wait was least: the short prompt did, the
     // long one queuing behind "a" did not.
-    record_least_loaded(&registry, &d.candidates);
+    record_least_loaded(&registry, &workers, &d);
     assert_eq!(registry.least_loaded.share(), 1.0);
     let d = weighed_decision_at(&registry, &workers, &long, false, &charged, now);
     assert_eq!(d.worker, "a");
-    record_least_loaded(&registry, &d.candidates);
+    record_least_loaded(&registry, &workers, &d);
     let share = registry.least_loaded.share();
     assert!((share - (1.0 - GAP_WEIGHT)).abs() < 1e-12, "{share}");
 }
