@@ -4,12 +4,13 @@
 //! request whose prompt extends an earlier one token for token (a chat's next turn, an agent's
 //! next step, a branch from the same history), and keeps the fraction `p` of requests that are
 //! such follow-ups (exponentially weighted, forgotten like the TTFT model); shared as
-//! [`FollowUps`], which hashes a prompt's prefix chain ([`Chain`]) before it locks. The
-//! routing core turns `p` into the expected number of further requests a conversation brings
-//! after this one ([`expected_follow_ups`], re-exported from `kvroute_route::terms`), and the
-//! policy multiplies that by a worker's load delay: a conversation's later turns follow its
-//! cache to the worker chosen now. [`reference_is_follow_up`] is the literal model the fast
-//! structure must equal.
+//! [`FollowUps`], which hashes a prompt's prefix chain ([`Chain`]) before it locks; a prompt's
+//! [`Mark`] (what the tracker remembers it by) lets a peer replica remember it without its
+//! tokens. The routing core turns `p` into the expected number of further requests a
+//! conversation brings after this one ([`expected_follow_ups`], re-exported from
+//! `kvroute_route::terms`), and the policy multiplies that by a worker's load delay: a
+//! conversation's later turns follow its cache to the worker chosen now.
+//! [`reference_is_follow_up`] is the literal model the fast structure must equal.
 //! Invariants: a request is a follow-up iff some remembered earlier prompt is a strict prefix
 //! of it (property-tested against the reference); memory is bounded ([`CAPACITY`] prompts, the
 //! oldest forgotten first); the estimate is 0 until follow-ups are seen and at most
