@@ -8,7 +8,8 @@
 //! Invariants: a learner changes only here (and in `prepare`'s eviction refresh, fed by the
 //! index); a peer's observation is applied exactly as a local one, plus what the sender had
 //! already recorded at home (its prompt, counted by the follow-up tracker); one malformed
-//! observation is refused whole and changes nothing.
+//! observation, or one naming a worker this replica does not know, is refused whole and
+//! changes nothing.
 //! Must not: decide anything, read the index, send anything (announcing is the caller's,
 //! through `peer_wire::Outbox`).
 
@@ -106,11 +107,11 @@ pub fn from_peer(registry: &Registry, l: Learned, now: Instant) -> Result<(), &'
     }
     match l {
         Learned::Placed(p) => {
+            let w = registry.get(&p.worker).ok_or("unknown_worker")?;
             // The sender's tracker counted and remembered its prompt: so does this one's.
             registry
                 .follow_ups
                 .remember(p.prompt, p.gap_ms.is_some(), now);
-            let w = registry.get(&p.worker).ok_or("unknown_worker")?;
             placed(registry, &w, &p, now);
         }
         Learned::Ttft { worker, work, ms } => {

@@ -131,15 +131,25 @@ fn a_malformed_or_misaddressed_observation_is_refused_and_changes_nothing() {
     for l in bad {
         assert_eq!(from_peer(&peer, l, Instant::now()), Err("malformed"));
     }
-    let elsewhere = Learned::Ttft {
-        worker: "nobody".into(),
-        work: Work::new(0, 0, 100, 0),
-        ms: 10.0,
-    };
-    assert_eq!(
-        from_peer(&peer, elsewhere, Instant::now()),
-        Err("unknown_worker")
-    );
+    let elsewhere = [
+        Learned::Ttft {
+            worker: "nobody".into(),
+            work: Work::new(0, 0, 100, 0),
+            ms: 10.0,
+        },
+        Learned::Placed(Placed {
+            worker: "nobody".into(),
+            prompt: None,
+            gap_ms: Some(5.0),
+            moved: false,
+            own_prefill_ms: 1.0,
+            load_waits: Some((1.0, 1.0)),
+        }),
+    ];
+    for l in elsewhere {
+        assert_eq!(from_peer(&peer, l, Instant::now()), Err("unknown_worker"));
+    }
+    assert_eq!(peer.turns.cycle(), registry().0.turns.cycle());
     assert_eq!(peer.follow_ups.counts(), (0, 0));
     assert_eq!(peer.output_tokens.mean(), None);
     let (fresh, fw) = registry();
