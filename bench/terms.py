@@ -4,9 +4,10 @@
     python3 bench/terms.py DIR
 
 Each run is DIR/WORKLOAD.PRESET.BLOCKS.RATE.rREPLICAS.SETTING.REPEAT.json (`kvroute bench`'s
-JSON). For every cell and term, the term's effect is the defaults' mean minus the term-off
-runs' mean, per figure (reuse; TTFT mean, p50, p99), and the noise is the larger of the two
-settings' ranges over their repeats (max − min). The term is ahead on a figure when its
+JSON). SETTING is `defaults`, a default-on term's name (that term switched off) or NAME-on (a
+default-off term switched on). For every cell and term, the term's effect is the mean of the
+runs with it on minus the mean of those with it off, per figure (reuse; TTFT mean, p50, p99),
+and the noise is the larger of the two settings' ranges over their repeats (max − min). The term is ahead on a figure when its
 effect is better than the noise (more reuse, less TTFT), behind when it is worse than the
 noise. Prints a Markdown table and, per term, the verdict the A/B rule gives: on by default
 only if ahead on some cell and behind on none.
@@ -55,6 +56,8 @@ def main(d):
     for term in terms:
         for cell, rep in cells:
             on, off = runs.get((cell, rep, "defaults"), []), runs.get((cell, rep, term), [])
+            if term.endswith("-on"):
+                on, off = off, on
             if not on or not off:
                 continue
             row = []

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The cost-term A/B: every default-on term of the hybrid-aware cost switched off alone, against
-# the defaults, on simulated fleets in real time, same hour, runs alternating, repeated.
+# The cost-term A/B: every term of the hybrid-aware cost switched alone from its default (a
+# default-on term off, a default-off one on), against the defaults, on simulated fleets in real
+# time, same hour, runs alternating, repeated.
 #
 #   bash bench/terms.sh                                  # every term, the default cells, 3 repeats
 #   bash bench/terms.sh --terms later-turns,junction --repeat 5
@@ -19,7 +20,9 @@ OUT=bench/out/terms-$(date +%Y%m%d-%H%M)
 REPEAT=3
 REQUESTS=300
 REPLICAS=1
-TERMS="later-turns delay-to-others decode-interference prefill-stall queue-drain junction in-flight-forecast"
+# Default on: later-turns decode-interference prefill-stall queue-drain in-flight-forecast.
+# Default off: delay-to-others junction.
+TERMS="later-turns decode-interference prefill-stall queue-drain in-flight-forecast delay-to-others junction"
 # The four built-in workloads and the tenants one on the hybrid preset's tight pool at the high
 # load of bench/peers.sh, and llama's eviction-heavy pool on multi-turn.
 CELLS="mooncake:qwen3-next:120:10 shared-prefix:qwen3-next:120:30 multi-turn:qwen3-next:120:8 agentic:qwen3-next:120:2.3 tenants:qwen3-next:120:4 multi-turn:llama:1200:8"
@@ -38,23 +41,31 @@ mkdir -p "$OUT"
 if [ -z "${KVROUTE_BIN:-}" ]; then cargo build --release --locked -p kvroute; fi
 KV=${KVROUTE_BIN:-target/release/kvroute}
 
-# The flag that switches one term off (the defaults have it on).
-off_flag() {
+# The setting that switches one term from its default, and the flag for it: a default-on
+# term's setting is its name (the term off), a default-off term's is NAME-on (bench/terms.py
+# reads the direction from the name).
+setting_of() {
+  case "$1" in
+    later-turns | decode-interference | prefill-stall | queue-drain | in-flight-forecast) echo "$1" ;;
+    delay-to-others | junction) echo "$1-on" ;;
+    *) echo "unknown term $1" >&2; exit 2 ;;
+  esac
+}
+flag_of() {
   case "$1" in
     later-turns) echo "--later-turns false" ;;
-    delay-to-others) echo "--delay-to-others false" ;;
     decode-interference) echo "--decode-interference false" ;;
     prefill-stall) echo "--prefill-stall off" ;;
     queue-drain) echo "--queue-drain false" ;;
-    junction) echo "--junction-weight 0" ;;
     in-flight-forecast) echo "--in-flight-forecast false" ;;
-    *) echo "unknown term $1" >&2; exit 2 ;;
+    delay-to-others-on) echo "--delay-to-others true" ;;
+    junction-on) echo "--junction-weight 1" ;;
   esac
 }
 align() { case "$1" in qwen3-next) echo 544 ;; *) echo 16 ;; esac; }
 
 settings=(defaults)
-for t in $TERMS; do settings+=("$t"); done
+for t in $TERMS; do settings+=("$(setting_of "$t")"); done
 n=${#settings[@]}
 for rep in $(seq 1 "$REPEAT"); do
   for cell in $CELLS; do
@@ -62,7 +73,7 @@ for rep in $(seq 1 "$REPEAT"); do
     for ((i = 0; i < n; i++)); do
       s=${settings[$(((i + rep - 1) % n))]}
       flags=""
-      [ "$s" = defaults ] || flags=$(off_flag "$s")
+      [ "$s" = defaults ] || flags=$(flag_of "$s")
       json="$OUT/$wl.$preset.$blocks.$rate.r$REPLICAS.$s.$rep.json"
       echo "== $cell $s (run $rep)"
       # shellcheck disable=SC2086 # flags: one term's switch, word-split on purpose

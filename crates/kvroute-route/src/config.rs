@@ -79,6 +79,8 @@ pub struct PolicyWeights {
     /// μ: credit per full-attention prefix token a worker holds beyond what it will serve and
     /// what the fleet's best worker serves, counting in-flight prompts (routing there makes the engine store a
     /// junction checkpoint that later requests sharing the prefix reuse). Hybrid-aware only.
+    /// 0 by default: switched off alone it measured ahead on `tenants` and behind on `agentic`
+    /// (docs/routing.md, "The default-on cost terms, A/B").
     #[serde(default = "default_junction")]
     pub junction: f64,
     /// What the cache policies minimise: `ttft` (the predicted time to first token, learned
@@ -88,18 +90,19 @@ pub struct PolicyWeights {
     /// Cost model `ttft`: add, for each candidate, the wait its load adds to each later request
     /// of the conversation times the follow-ups expected (learned from the traffic,
     /// [`crate::terms::later_turns_ms`]). `false` ranks by this request's TTFT alone.
-    #[serde(default = "default_later_turns")]
+    #[serde(default = "default_on")]
     pub later_turns: bool,
     /// Cost model `ttft`: add, for each candidate, the wait this request's own prefill there
     /// adds to the requests that will reach the worker before its first token (the fleet's
     /// request rate at the worker's share, [`crate::terms::delay_to_others_ms`]). `false` leaves other
-    /// requests' waits out.
-    #[serde(default = "default_later_turns")]
+    /// requests' waits out. Off by default: ahead on `shared-prefix`, behind on `tenants`
+    /// (docs/routing.md, "The default-on cost terms, A/B").
+    #[serde(default)]
     pub delay_to_others: bool,
     /// Cost model `ttft`: add, for each candidate, the end-to-end latency this request's
     /// decode adds to the requests running there and theirs to it (`2·δ·running·overlap`,
     /// [`crate::terms::decode_interference_ms`]). `false` leaves decoding out.
-    #[serde(default = "default_later_turns")]
+    #[serde(default = "default_on")]
     pub decode_interference: bool,
     /// Cost model `ttft`: which prefills are charged the end-to-end latency they add to the
     /// requests decoding beside them, whose steps carry their chunks
@@ -123,13 +126,15 @@ pub struct PolicyWeights {
     pub next_arrivals: bool,
     /// The prefill queued on a worker is its bookings less what the engine has worked off
     /// since, at the worker's learned prefill rate (the gateway's `Worker::queued_tokens`).
-    /// `false` counts every booking whole until its first byte.
-    #[serde(default = "default_later_turns")]
+    /// `false` counts every booking whole until its first byte. On by default, with the
+    /// in-flight forecast: the two together measured ahead on `multi-turn` and even on
+    /// `tenants` (docs/routing.md, "The default-on cost terms, A/B").
+    #[serde(default = "default_on")]
     pub queue_drain: bool,
     /// Hybrid-aware: count what a candidate will hold once the prompts in flight there are
     /// stored (the gateway's in-flight forecast; with peers, the other replicas' prompts too).
-    /// `false` ranks by what the index holds now.
-    #[serde(default = "default_later_turns", skip_serializing_if = "is_true")]
+    /// `false` ranks by what the index holds now. On by default, with the queue drain (above).
+    #[serde(default = "default_on", skip_serializing_if = "is_true")]
     pub in_flight_forecast: bool,
     /// Cost model `ttft`: the time to load one token's KV from a worker's CPU tier (µs; the
     /// `OffloadingConnector`'s hit, `medium = "CPU"`), added to its predicted TTFT. The
@@ -143,7 +148,7 @@ fn default_cpu_load_us_per_token() -> f64 {
     5.0
 }
 
-fn default_later_turns() -> bool {
+fn default_on() -> bool {
     true
 }
 /// Whether a switch is at its default, on (left out of the serialized weights: the decision
@@ -199,7 +204,7 @@ impl FromStr for CostModel {
 }
 
 fn default_junction() -> f64 {
-    1.0
+    0.0
 }
 
 fn default_lambda() -> f64 {
@@ -216,14 +221,14 @@ impl Default for PolicyWeights {
             tokens_per_request: default_request_tokens(),
             junction: default_junction(),
             cost: CostModel::default(),
-            later_turns: default_later_turns(),
-            delay_to_others: default_later_turns(),
-            decode_interference: default_later_turns(),
+            later_turns: default_on(),
+            delay_to_others: false,
+            decode_interference: default_on(),
             prefill_stall: PrefillStall::default(),
             eviction: false,
             next_arrivals: false,
-            queue_drain: default_later_turns(),
-            in_flight_forecast: default_later_turns(),
+            queue_drain: default_on(),
+            in_flight_forecast: default_on(),
             cpu_load_us_per_token: default_cpu_load_us_per_token(),
         }
     }

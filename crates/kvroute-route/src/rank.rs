@@ -332,13 +332,16 @@ mod tests {
         );
         assert_eq!(r[0].worker, "b");
         assert_eq!(r[0].cost, 80.0);
-        // 1000 junction tokens at 0.05 ms each are worth 50 ms of later prefill.
-        let r = rank(
-            PolicyKind::HybridAware,
-            vec![timed("a", 120.0, 1000, 0.05), timed("b", 80.0, 0, 0.05)],
-            &weights,
-            0,
-        );
+        // μ = 0 by default: the junction is worth nothing.
+        let junctions = || vec![timed("a", 120.0, 1000, 0.05), timed("b", 80.0, 0, 0.05)];
+        let r = rank(PolicyKind::HybridAware, junctions(), &weights, 0);
+        assert_eq!((r[0].worker.as_str(), r[0].cost), ("b", 80.0));
+        // At μ = 1, 1000 junction tokens at 0.05 ms each are worth 50 ms of later prefill.
+        let credited = PolicyWeights {
+            junction: 1.0,
+            ..weights
+        };
+        let r = rank(PolicyKind::HybridAware, junctions(), &credited, 0);
         assert_eq!(r[0].worker, "a");
         assert_eq!(r[0].cost, 70.0);
     }

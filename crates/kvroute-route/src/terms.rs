@@ -41,12 +41,14 @@ pub fn load_delay_ms(fit: &Fit, work: &Work) -> (f64, f64) {
 /// (`shared_prefix_boundary`), so later requests sharing it reuse it — worth something only
 /// where no worker can serve it yet. A worker that merely lost state another worker still holds
 /// earns nothing, so the one that can serve it wins. Priced at `weights.junction` (μ, default
-/// 1) times the worker's prefill rate; docs/routing.md ("The policy").
+/// 0: the A/B found it ahead on `tenants`, behind on `agentic`) times the worker's prefill
+/// rate; docs/routing.md ("The policy", "The default-on cost terms, A/B").
 pub fn junction_credit(prefix: u64, cached: u64, fleet_best: u64) -> u64 {
     prefix.saturating_sub(cached.max(fleet_best))
 }
 
-/// Delay to others (`weights.delay_to_others`, on by default): the wait a request's own
+/// Delay to others (`weights.delay_to_others`, off by default: the A/B found it ahead on
+/// `shared-prefix`, behind on `tenants`, docs/routing.md, "The default-on cost terms, A/B"): the wait a request's own
 /// prefill (`own_ms`, milliseconds of the worker's time) adds to the requests reaching its
 /// worker (`per_ms` requests per millisecond) before its first token, `ttft_ms` from now:
 /// `own_ms × per_ms × ttft_ms`. An engine schedules waiting requests first come, first served,
@@ -166,7 +168,7 @@ pub fn faded(weight: f64, age_ms: f64, life_ms: f64) -> f64 {
 /// conversations living there make it wait; theirs wait for it in turn
 /// ([`conversation_cost_ms`], with the fleet's turn cycle `(gap, s)`):
 /// `k · max(load_wait, W(L·ρ₁)) + k · L · (W(L·ρ₁) − W((L−1)·ρ₁))`. 0 for a follow-up
-/// (`k = 0`). docs/routing.md ("Later turns").
+/// (`k = 0`). docs/routing.md ("Later turns"; its default: "The default-on cost terms, A/B").
 pub fn later_turns_ms(live: f64, k: f64, cycle: Option<(f64, f64)>, load_wait_ms: f64) -> f64 {
     let (conversation_ms, own_turns_ms) =
         cycle.map_or((0.0, 0.0), |(gap, s)| conversation_cost_ms(live, k, gap, s));
@@ -188,7 +190,7 @@ pub fn expected_output(mean: Option<f64>, max_tokens: Option<u64>) -> f64 {
 /// a request decoding `output_tokens` (`O`) adds where `running` (`R`) others run, each
 /// lengthening a token by `delta_ms` (`δ`) and each with a remaining answer spread evenly up to
 /// `mean_output` (`Ō`) tokens: `2·δ·R·(O − O²/(2·Ō))` for `O ≤ Ō`, `δ·R·Ō` beyond.
-/// docs/routing.md ("Decode interference").
+/// docs/routing.md ("Decode interference"; its default: "The default-on cost terms, A/B").
 pub fn decode_interference_ms(
     delta_ms: f64,
     output_tokens: f64,
@@ -205,8 +207,9 @@ pub fn decode_interference_ms(
     finite(2.0 * delta_ms.max(0.0) * overlap * running.max(0.0))
 }
 
-/// Prefill stall (`weights.prefill_stall`, `later-turns` by default; `all` measured within the
-/// noise, docs/routing-analyses.md, "The prefill stall"): the end-to-end latency a prefill of
+/// Prefill stall (`weights.prefill_stall`, `later-turns` by default, docs/routing.md, "The
+/// default-on cost terms, A/B"; `all` measured within the noise, docs/routing-analyses.md,
+/// "The prefill stall"): the end-to-end latency a prefill of
 /// `prefill_ms` adds to the `running` requests decoding beside it — each decodes in the steps
 /// that carry its chunks, so each answer is `prefill_ms` later.
 pub fn prefill_stall_ms(prefill_ms: f64, running: f64) -> f64 {

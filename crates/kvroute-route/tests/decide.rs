@@ -103,6 +103,13 @@ fn a_junction_is_credited_only_where_no_worker_serves_the_prefix_yet() {
         }),
         ..worker(name, forecast)
     };
+    // The credit is priced at μ, 0 by default: switched on here.
+    let credited = PolicyWeights {
+        junction: 1.0,
+        ..PolicyWeights::default()
+    };
+    let hybrid =
+        |s: &Snapshot, tokens| decide(PolicyKind::HybridAware, &credited, &request(tokens), s);
     let s = snapshot(vec![with_outlook("a", 0, 2048), with_outlook("b", 0, 0)]);
     let d = hybrid(&s, 4000);
     assert_eq!(d.worker, "a");

@@ -168,8 +168,9 @@ struct DemoArgs {
     /// λ in `expected_uncached + λ·load − μ·junction`.
     #[arg(long, default_value_t = 0.25)]
     lambda: f64,
-    /// μ: credit per full-attention prefix token beyond the hit (a junction checkpoint to be).
-    #[arg(long, default_value_t = 1.0)]
+    /// μ: credit per full-attention prefix token beyond the hit (a junction checkpoint to be);
+    /// 0, the gateway's default, credits none.
+    #[arg(long, default_value_t = 0.0)]
     junction_weight: f64,
     /// Arrivals this many times denser than the trace's (more load in engine time).
     #[arg(long, default_value_t = 1.0)]

@@ -80,7 +80,7 @@ impl Default for DemoOptions {
             plot: PathBuf::from("kvroute-demo"),
             progress: true,
             lambda: 0.25,
-            junction_weight: 1.0,
+            junction_weight: 0.0,
             rate: 1.0,
             repeat: 1,
             pd: Vec::new(),
