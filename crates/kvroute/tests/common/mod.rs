@@ -104,10 +104,10 @@ pub async fn admin_workers(gw: &GatewayHandle) -> serde_json::Value {
         .unwrap()
 }
 
-/// Every worker's predicted cached tokens for `tokens` (admin explain at `admin`, an address),
-/// sorted by worker.
-pub async fn predictions(admin: &str, model: &str, tokens: &[u32]) -> Vec<(String, u64)> {
-    let v: serde_json::Value = reqwest::Client::new()
+/// `/admin/explain`'s answer for `tokens` on `model` (admin listener `admin`): the decision
+/// the next request would get, and every worker's prediction.
+pub async fn explain(admin: &str, model: &str, tokens: &[u32]) -> serde_json::Value {
+    reqwest::Client::new()
         .post(format!("http://{admin}/admin/explain"))
         .json(&serde_json::json!({"tokens": tokens, "model": model}))
         .send()
@@ -115,7 +115,13 @@ pub async fn predictions(admin: &str, model: &str, tokens: &[u32]) -> Vec<(Strin
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Every worker's predicted cached tokens for `tokens` (admin explain at `admin`, an address),
+/// sorted by worker.
+pub async fn predictions(admin: &str, model: &str, tokens: &[u32]) -> Vec<(String, u64)> {
+    let v = explain(admin, model, tokens).await;
     let mut out: Vec<(String, u64)> = v["predictions"]
         .as_array()
         .unwrap()

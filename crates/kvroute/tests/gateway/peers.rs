@@ -522,15 +522,7 @@ fn learned(g: &GatewayHandle) -> String {
 /// The parts of `/admin/explain`'s decision on `tokens` that depend on no clock: the worker
 /// chosen, the follow-ups expected, and each candidate's predicted hit and TTFT.
 async fn explained(g: &GatewayHandle, tokens: &[u32]) -> Value {
-    let v: Value = reqwest::Client::new()
-        .post(format!("http://{}/admin/explain", g.admin_addr))
-        .json(&json!({"model": PRESET, "tokens": tokens}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = common::explain(&g.admin_addr.to_string(), PRESET, tokens).await;
     let d = &v["decision"];
     let cands: Vec<Value> = d["candidates"]
         .as_array()
