@@ -7,9 +7,9 @@ Each run is DIR/WORKLOAD.PRESET.BLOCKS.RATE.rREPLICAS.SETTING.REPEAT.json (`kvro
 JSON). SETTING is `defaults`, a default-on term's name (that term switched off) or NAME-on (a
 default-off term switched on). For every cell and term, the term's effect is the mean of the
 runs with it on minus the mean of those with it off, per figure (reuse; TTFT mean, p50, p99),
-and the noise is the larger of the two settings' ranges over their repeats (max − min). The term is ahead on a figure when its
-effect is better than the noise (more reuse, less TTFT), behind when it is worse than the
-noise. Prints a Markdown table and, per term, the verdict the A/B rule gives: on by default
+and the noise is the larger of the two settings' ranges over their repeats (max − min). The
+term is ahead on a figure when its effect is better than the noise (more reuse, less TTFT),
+behind when it is worse than the noise. Prints a Markdown table and, per term, the verdict the A/B rule gives: on by default
 only if ahead on some cell and behind on none.
 """
 import collections

@@ -81,7 +81,7 @@ pub struct PolicyWeights {
     /// junction checkpoint that later requests sharing the prefix reuse). Hybrid-aware only.
     /// 0 by default: switched off alone it measured ahead on `tenants` and behind on `agentic`
     /// (docs/routing.md, "The default-on cost terms, A/B").
-    #[serde(default = "default_junction")]
+    #[serde(default)]
     pub junction: f64,
     /// What the cache policies minimise: `ttft` (the predicted time to first token, learned
     /// per worker) or `tokens` (`expected_uncached + λ·load − μ·junction`).
@@ -203,10 +203,6 @@ impl FromStr for CostModel {
     }
 }
 
-fn default_junction() -> f64 {
-    0.0
-}
-
 fn default_lambda() -> f64 {
     0.25
 }
@@ -219,7 +215,7 @@ impl Default for PolicyWeights {
         PolicyWeights {
             lambda: default_lambda(),
             tokens_per_request: default_request_tokens(),
-            junction: default_junction(),
+            junction: 0.0,
             cost: CostModel::default(),
             later_turns: default_on(),
             delay_to_others: false,

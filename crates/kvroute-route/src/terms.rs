@@ -48,9 +48,9 @@ pub fn junction_credit(prefix: u64, cached: u64, fleet_best: u64) -> u64 {
 }
 
 /// Delay to others (`weights.delay_to_others`, off by default: the A/B found it ahead on
-/// `shared-prefix`, behind on `tenants`, docs/routing.md, "The default-on cost terms, A/B"): the wait a request's own
-/// prefill (`own_ms`, milliseconds of the worker's time) adds to the requests reaching its
-/// worker (`per_ms` requests per millisecond) before its first token, `ttft_ms` from now:
+/// `shared-prefix`, behind on `tenants`; docs/routing.md, "The default-on cost terms, A/B"):
+/// the wait a request's own prefill (`own_ms`, milliseconds of the worker's time) adds to the
+/// requests reaching its worker (`per_ms` requests per millisecond) before its first token, `ttft_ms` from now:
 /// `own_ms × per_ms × ttft_ms`. An engine schedules waiting requests first come, first served,
 /// so they all wait for it. A lower bound of the whole delay (it leaves out requests arriving
 /// after the first token while the queue drains). docs/routing.md ("Delay to others").
@@ -209,9 +209,9 @@ pub fn decode_interference_ms(
 
 /// Prefill stall (`weights.prefill_stall`, `later-turns` by default, docs/routing.md, "The
 /// default-on cost terms, A/B"; `all` measured within the noise, docs/routing-analyses.md,
-/// "The prefill stall"): the end-to-end latency a prefill of
-/// `prefill_ms` adds to the `running` requests decoding beside it — each decodes in the steps
-/// that carry its chunks, so each answer is `prefill_ms` later.
+/// "The prefill stall"): the end-to-end latency a prefill of `prefill_ms` adds to the
+/// `running` requests decoding beside it — each decodes in the steps that carry its chunks, so
+/// each answer is `prefill_ms` later.
 pub fn prefill_stall_ms(prefill_ms: f64, running: f64) -> f64 {
     finite(prefill_ms.max(0.0) * running.max(0.0))
 }

@@ -488,7 +488,6 @@ fn on_a_hybrid_layout_a_sibling_is_forecast_the_in_flight_prompts_checkpoint() {
     let weights = PolicyWeights {
         lambda: 0.0,
         cost: CostModel::Tokens,
-        in_flight_forecast: true,
         junction: 1.0,
         ..PolicyWeights::default()
     };
@@ -570,7 +569,6 @@ fn a_sibling_follows_its_prefix_to_the_worker_still_prefilling_it() {
     let weights = PolicyWeights {
         lambda: 0.0,
         cost: CostModel::Tokens,
-        in_flight_forecast: true,
         junction: 1.0,
         ..PolicyWeights::default()
     };
@@ -683,7 +681,6 @@ fn the_ttft_cost_waits_for_a_prefilling_sibling_only_when_waiting_is_faster() {
     // the drain has tests of its own in `registry`).
     let weights = PolicyWeights {
         queue_drain: false,
-        in_flight_forecast: true,
         ..PolicyWeights::default()
     };
     let run = |tokens: &[u32]| {
