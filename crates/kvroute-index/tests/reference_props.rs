@@ -47,7 +47,19 @@ fn random_layout(rng: &mut StdRng) -> Vec<Group> {
             g.block = b;
         }
     }
+    one_mamba_block(&mut groups);
     groups
+}
+
+/// Gives every Mamba group the first one's block size: vLLM gives every Mamba group of a model
+/// one block size (its offloading connector asserts that they agree,
+/// `resolve_mamba_align_size`), so a layout with two would be no engine's.
+fn one_mamba_block(groups: &mut [Group]) {
+    if let Some(b) = groups.iter().find(|g| g.kind == "mamba").map(|g| g.block) {
+        for g in groups.iter_mut().filter(|g| g.kind == "mamba") {
+            g.block = b;
+        }
+    }
 }
 
 /// A universe of prompts sharing prefixes at many lengths.
@@ -308,6 +320,7 @@ fn run_case_with(
             g.window = None;
             let mut new_layout = random_layout(&mut rng);
             new_layout[0] = g.clone();
+            one_mamba_block(&mut new_layout);
             layouts.insert((w, rank), new_layout);
             let c = &chains[rng.gen_range(0..chains.len())];
             stored(
