@@ -743,6 +743,10 @@ async fn the_configmap_discovers_the_headless_service_s_pods_by_srv_records_and_
         }
     }
 
+    // The pods' event streams joined (a batch published now reaches the gateway), so the
+    // first prompt's events are not published before the subscription took hold.
+    common::joined_at(&gw.admin).await;
+
     // A prompt, then the same prompt again: predicted cached from the pods' events.
     let prompt: Vec<u32> = (0..256).map(|i| (i * 7 + 3) % 1000 + 3).collect();
     let complete = || async {

@@ -219,6 +219,68 @@ pub async fn settle_at(admin: &str, skip: &[&str]) {
     .await
 }
 
+/// Waits until the event stream of every simulated worker the gateway at `admin` subscribes to
+/// has joined: the index holds a batch the engine published after the subscription, level with
+/// the engine. A PUB socket drops what it publishes before a subscription reaches it, and a
+/// subscriber cannot tell when that is; a batch lost that way is only noticed at the next one
+/// (a gap, then a replay). So while a worker's index is not level with a published batch, this
+/// asks its engine for one (`POST /reset_prefix_cache`, which publishes a clear) about every
+/// 100 ms. Use it before the first request on a fresh gateway whose check needs that
+/// request's events; it clears the engines' caches. Fails the test after [`WAIT`].
+pub async fn joined_at(admin: &str) {
+    let client = reqwest::Client::new();
+    let mut probes = 0u32;
+    wait_for(WAIT, "every worker's event stream to join", || {
+        probes += 1;
+        let nudge = probes % 10 == 1;
+        let client = client.clone();
+        async move {
+            let get = |url: String| {
+                let client = client.clone();
+                async move {
+                    let r = client
+                        .get(&url)
+                        .send()
+                        .await
+                        .map_err(|e| format!("{url}: {e}"))?;
+                    r.json::<serde_json::Value>()
+                        .await
+                        .map_err(|e| format!("{url}: {e}"))
+                }
+            };
+            let view = get(format!("http://{admin}/admin/workers")).await?;
+            let mut pending = Vec::new();
+            for w in view["workers"].as_array().into_iter().flatten() {
+                let applied = w["events_next_seq"].as_array().cloned().unwrap_or_default();
+                let url = w["url"].as_str().unwrap_or("").to_string();
+                if applied.is_empty() {
+                    continue;
+                }
+                let cache = get(format!("{url}/admin/cache")).await?;
+                let behind = applied.iter().enumerate().any(|(rank, at)| {
+                    let engine = &cache["ranks"][rank]["publisher"]["next_seq"];
+                    engine.as_u64().unwrap_or(0) == 0 || engine != at
+                });
+                if behind {
+                    pending.push(format!(
+                        "{}: index {applied:?}, engine {}",
+                        w["name"], cache["ranks"]
+                    ));
+                    if nudge {
+                        client
+                            .post(format!("{url}/reset_prefix_cache"))
+                            .send()
+                            .await
+                            .map_err(|e| format!("{url}/reset_prefix_cache: {e}"))?;
+                    }
+                }
+            }
+            none_pending(pending)
+        }
+    })
+    .await
+}
+
 /// Waits until the gateway counts no request running or waiting on any worker (its own and the
 /// engines' figures), so a decision that weighs load sees idle workers; fails the test when
 /// that does not come within [`WAIT`].
