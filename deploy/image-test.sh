@@ -10,7 +10,8 @@
 # links (as ldd lists them, at the same paths), /etc/passwd and /etc/group naming the non-root
 # user 65532, /etc/kvroute for the mounted configuration and /var/lib/kvroute for the
 # snapshot; then the Containerfile's user, ports, entrypoint and command. No CA certificates:
-# the binary has no TLS client.
+# the engine here speaks plain HTTP (an image for HTTPS engines mounts the `engine_ca_file`, or
+# uses the Containerfile's runtime, whose CA store the engines' client trusts too).
 #
 # Then it starts `kvroute sim-worker` on the host, writes a configuration naming it, mounts
 # that at /etc/kvroute, runs the image's own entrypoint and command (read back from the image)
