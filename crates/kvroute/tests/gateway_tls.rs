@@ -7,6 +7,7 @@
 mod common;
 
 use kvroute::gateway::config::file::GatewayConfig;
+use kvroute::gateway::config::peers::PeersTls;
 use kvroute::gateway::config::tls::ListenerTls;
 use kvroute::gateway::reload::ConfigSource;
 use kvroute::gateway::{tls, Gateway, GatewayHandle};
@@ -235,6 +236,90 @@ async fn admin_with_client_certificates_refuses_a_missing_and_a_wrong_one_and_ac
     })
     .await;
     gw.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The peers' messages reaching `gw` (its `kvroute_peers_heard`), read on its plain front.
+async fn peers_heard(gw: &GatewayHandle) -> Result<f64, String> {
+    let text = reqwest::get(format!("http://{}/metrics", gw.addr))
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(metric(&text, "kvroute_peers_heard"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_reaches_a_peer_whose_admin_requires_client_certificates_with_its_peers_certificate(
+) {
+    let dir = scratch("peers");
+    let ca = Ca::new("kvroute test CA");
+    let mut admin = write_server(&dir, &ca);
+    admin.client_ca_file = Some(dir.join("ca.pem"));
+    let mut cfg = common::gateway_config(Vec::new());
+    cfg.admin_tls = Some(admin);
+    let guarded = start(cfg).await;
+    let peer_url = format!("https://127.0.0.1:{}", guarded.admin_addr.port());
+
+    // Without a client certificate (the CA trusted, so only mTLS can refuse it): refused.
+    let mut cfg = common::gateway_config(Vec::new());
+    cfg.peers.urls = vec![peer_url.clone()];
+    cfg.engine_ca_file = Some(dir.join("ca.pem"));
+    let anonymous = start(cfg).await;
+    common::wait_for(
+        common::WAIT,
+        "the anonymous replica's posts refused",
+        || async {
+            let text = common::admin_metrics(&anonymous).await;
+            // The counter appears with its first failed batch.
+            let failed = "kvroute_peer_batches_total{outcome=\"failed\"}";
+            match common::metric_if_present(&text, failed) {
+                Some(n) if n >= 1.0 => Ok(()),
+                seen => Err(format!("failed batches: {seen:?}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(peers_heard(&guarded).await, Ok(0.0), "nobody got through");
+    anonymous.shutdown().await;
+
+    // With `[peers.tls]`: its certificate, issued by the CA the peer's admin trusts.
+    let (cert, key) = ca.issue("replica", true);
+    std::fs::write(dir.join("replica.pem"), cert).unwrap();
+    std::fs::write(dir.join("replica.key"), key).unwrap();
+    let mut cfg = common::gateway_config(Vec::new());
+    cfg.peers.urls = vec![peer_url];
+    cfg.peers.tls = Some(PeersTls {
+        client_cert_file: dir.join("replica.pem"),
+        client_key_file: dir.join("replica.key"),
+        ca_file: Some(dir.join("ca.pem")),
+    });
+    let replica = start(cfg).await;
+    common::wait_for(common::WAIT, "the peer to hear the replica", || async {
+        match peers_heard(&guarded).await? {
+            n if n >= 1.0 => Ok(()),
+            n => Err(format!("{n} peers heard")),
+        }
+    })
+    .await;
+
+    // A key file that does not read: the replica does not start, naming the field.
+    let mut cfg = common::gateway_config(Vec::new());
+    cfg.peers.urls = vec!["https://127.0.0.1:9".into()];
+    cfg.peers.tls = Some(PeersTls {
+        client_cert_file: dir.join("replica.pem"),
+        client_key_file: dir.join("missing.key"),
+        ca_file: None,
+    });
+    let err = Gateway::start(cfg).await.err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("peers.tls.client_key_file")),
+        "{err:?}"
+    );
+    replica.shutdown().await;
+    guarded.shutdown().await;
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -21,6 +21,7 @@ use super::fleet::FleetChanges;
 use super::peers::SendContext;
 use super::state::AppState;
 pub use super::state::{ConfigSource, Overlay, Reloader};
+use super::tls;
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -176,6 +177,18 @@ pub async fn reload_with(
             return Err(e);
         }
     };
+    // The peers' client certificate, read again: before anything changes.
+    let peer_client = match tls::peer_client(&new, &state.client) {
+        Ok(c) => c,
+        Err(reason) => {
+            let e = ReloadError::Invalid {
+                path: "the new configuration".into(),
+                reason,
+            };
+            rejected(state, &e);
+            return Err(e);
+        }
+    };
     // The one part that can still fail (key files are read again): before anything changes.
     if let Err(e) = state.tenants.replace(&new.tenants) {
         let e = ReloadError::Invalid {
@@ -185,7 +198,7 @@ pub async fn reload_with(
         rejected(state, &e);
         return Err(e);
     }
-    apply_reload(state, &old, new, &mut report).await;
+    apply_reload(state, &old, new, peer_client, &mut report).await;
     report.tls_reloaded = tls.commit();
     state
         .metrics
@@ -213,6 +226,7 @@ pub async fn apply_reload(
     state: &Arc<AppState>,
     old: &GatewayConfig,
     new: GatewayConfig,
+    peer_client: reqwest::Client,
     report: &mut ReloadReport,
 ) {
     macro_rules! changed {
@@ -242,7 +256,7 @@ pub async fn apply_reload(
     if new.peers != old.peers || new.admin_token != old.admin_token {
         state
             .peers
-            .configure(&new.peers, SendContext::new(&state.client, &new));
+            .configure(&new.peers, SendContext::new(&peer_client, &new));
     }
     let policy = new.policy;
     let workers = new.workers.clone();

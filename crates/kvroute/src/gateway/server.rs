@@ -233,9 +233,10 @@ impl Gateway {
             )));
         }
         tasks.push(tokio::spawn(discovery::run(state.clone(), stop_rx.clone())));
+        let peer_client = tls::peer_client(&config, &state.client).map_err(anyhow::Error::msg)?;
         peers.configure(
             &config.peers,
-            peers::SendContext::new(&state.client, &config),
+            peers::SendContext::new(&peer_client, &config),
         );
         tasks.push(tokio::spawn(peers.clone().run_heartbeat(stop_rx.clone())));
         tasks.push(tokio::spawn(peers.run_dns(stop_rx.clone())));

@@ -5,8 +5,9 @@
 //! rustls `ServerConfig` the next accepted connection is handed: certificate chain, key and,
 //! when `client_ca_file` is set, the verifier requiring a client certificate signed by that
 //! bundle), re-reading the files on a reload ([`Listeners::prepare`], then
-//! [`Prepared::commit`]), and the CA bundle added to the engines' HTTP client
-//! ([`engine_roots`]).
+//! [`Prepared::commit`]), the CA bundle added to the engines' HTTP client
+//! ([`engine_roots`]), and the client this replica posts to its peers with, presenting its
+//! `[peers.tls]` certificate ([`peer_client`]).
 //! Invariants: a slot's settings are swapped whole, after every file of the new settings has
 //! been read and parsed: a reload that fails to read any of them changes no listener;
 //! connections already open keep the settings they were accepted with; only the ring
@@ -23,6 +24,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_rustls::TlsAcceptor;
 
 /// The ring provider, as reqwest 0.12's rustls uses it (one provider in the binary, and no
@@ -157,14 +159,56 @@ impl Listeners {
 
 /// The CA bundle `engine_ca_file` names, as certificates for the engines' HTTP client.
 pub fn engine_roots(path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
+    pem_roots("engine_ca_file", path)
+}
+
+/// The certificates of the PEM bundle at `path`, to trust as roots; errors name `field`.
+pub fn pem_roots(field: &str, path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
     let shown = path.display();
-    let pem = std::fs::read(path).map_err(|e| format!("engine_ca_file: {shown}: {e}"))?;
+    let pem = std::fs::read(path).map_err(|e| format!("{field}: {shown}: {e}"))?;
     let certs = reqwest::Certificate::from_pem_bundle(&pem)
-        .map_err(|e| format!("engine_ca_file: {shown}: {e}"))?;
+        .map_err(|e| format!("{field}: {shown}: {e}"))?;
     if certs.is_empty() {
-        return Err(format!(
-            "engine_ca_file: {shown}: no PEM certificate in the file"
-        ));
+        return Err(format!("{field}: {shown}: no PEM certificate in the file"));
     }
     Ok(certs)
+}
+
+/// The client this replica posts to its peers with: the engines' own (`engines`), or, with
+/// `[peers.tls]`, one that presents that client certificate and trusts `peers.tls.ca_file`,
+/// `engine_ca_file` and the system's roots. Errors name the field.
+pub fn peer_client(
+    config: &GatewayConfig,
+    engines: &reqwest::Client,
+) -> Result<reqwest::Client, String> {
+    let Some(t) = &config.peers.tls else {
+        return Ok(engines.clone());
+    };
+    let read = |field: &str, path: &Path| {
+        std::fs::read(path).map_err(|e| format!("peers.tls.{field}: {}: {e}", path.display()))
+    };
+    let mut pem = read("client_key_file", &t.client_key_file)?;
+    pem.push(b'\n');
+    pem.extend(read("client_cert_file", &t.client_cert_file)?);
+    let identity = reqwest::Identity::from_pem(&pem)
+        .map_err(|e| format!("peers.tls: the client certificate and key: {e}"))?;
+    let mut client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .identity(identity)
+        .timeout(Duration::from_secs_f64(
+            config.request_timeout_secs.max(0.1),
+        ))
+        .connect_timeout(Duration::from_secs(3));
+    let roots = [
+        ("peers.tls.ca_file", t.ca_file.as_deref()),
+        ("engine_ca_file", config.engine_ca_file.as_deref()),
+    ];
+    for (field, path) in roots {
+        if let Some(path) = path {
+            for cert in pem_roots(field, path)? {
+                client = client.add_root_certificate(cert);
+            }
+        }
+    }
+    client.build().map_err(|e| format!("peers.tls: {e}"))
 }

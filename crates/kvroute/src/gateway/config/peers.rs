@@ -3,13 +3,15 @@
 //!
 //! Owns: [`PeersConfig`] (the peers' admin URLs, or a DNS name whose records are the
 //! replicas ([`PeersDns`]), this replica's name, the heartbeat, the silence after which a
-//! peer's bookings are dropped, the outgoing queue's bound) and its validation as plain data
+//! peer's bookings are dropped, the outgoing queue's bound, the client certificate it shows
+//! peers whose admin listener requires one ([`PeersTls`])) and its validation as plain data
 //! (each error names its field).
 //! Invariants: plain data; no peer URL: the channel is off (no task, no message).
 //! Must not: open a connection or start anything (that is `gateway::peers`).
 
 use super::discovery::{parse_nameserver, RecordKind};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 /// The replicas this gateway shares its bookings with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -43,6 +45,25 @@ pub struct PeersConfig {
     /// Service of the gateway's pods), resolved every `interval_secs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<PeersDns>,
+    /// The client certificate this replica presents to its peers' admin listeners (needed
+    /// when they require one: `[admin_tls] client_ca_file`), and the CA their certificates
+    /// are signed by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<PeersTls>,
+}
+
+/// The `[peers.tls]` section: how this replica proves itself to its peers' admin listeners.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeersTls {
+    /// PEM: this replica's client certificate, then its intermediates.
+    pub client_cert_file: PathBuf,
+    /// PEM: its private key (PKCS#8, PKCS#1 or SEC1).
+    pub client_key_file: PathBuf,
+    /// PEM: CAs trusted for the peers' admin certificates, beside the system's roots and
+    /// `engine_ca_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The `[peers.dns]` section.
@@ -136,6 +157,7 @@ impl Default for PeersConfig {
             queue: default_queue(),
             learning: default_learning(),
             dns: None,
+            tls: None,
         }
     }
 }
@@ -151,6 +173,12 @@ impl PeersConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(t) = &self.tls {
+            if t.client_cert_file.as_os_str().is_empty() || t.client_key_file.as_os_str().is_empty()
+            {
+                return Err("peers.tls needs client_cert_file and client_key_file".into());
+            }
+        }
         for u in &self.urls {
             let ok = reqwest::Url::parse(u)
                 .is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());
