@@ -2,9 +2,10 @@
 //!
 //! Owns: per (request, group) block tables; the hit lookup (`find_longest_cache_hit`, unitary
 //! or the hybrid fixed point, with the junction it detects, and with EAGLE's drop: each group
-//! looks one block past the candidate length and drops it, once per candidate length); `allocate_slots` (freeing blocks
-//! that left a window, chunk or superseded Mamba state, the admission check, allocation,
-//! caching with the retention masks); freeing finished requests; the prefix-cache reset.
+//! looks one block past the candidate length and drops it, once per candidate length);
+//! `allocate_slots` (freeing blocks that left a window, chunk or superseded Mamba state, the
+//! admission check, allocation, caching with the retention masks at the replay boundaries);
+//! freeing finished requests; the prefix-cache reset.
 //! Invariants: events come out of the pool in the order vLLM emits them (evictions during
 //! allocation, then one store per group in group order); a group's table holds the null block
 //! for skipped positions; hits are multiples of the alignment and at most `n − 1`.
@@ -326,6 +327,7 @@ impl KvCache {
             align: self.params.align as usize,
             num_gpu_blocks: self.pool.num_blocks(),
             prefill_checkpoints: self.cfg.prefill_checkpoints,
+            proof: self.proof(req),
         };
         let mut sum = 0i64;
         for (g, nc) in self.groups.iter_mut().zip(new_computed) {
@@ -356,7 +358,8 @@ impl KvCache {
 
     /// `cache_blocks` for every group.
     pub fn cache_blocks(&mut self, req: &ReqCtx<'_>, num_computed: usize) {
-        let boundaries = [req.num_prompt.saturating_sub(1)];
+        let boundaries = self.replay_boundaries(req.num_prompt);
+        let proof = self.proof(req);
         let sched = self.params.scheduler_block as usize;
         let unitary = self.params.unitary;
         for gi in 0..self.groups.len() {
@@ -366,6 +369,7 @@ impl KvCache {
                 retention: self.cfg.retention,
                 boundaries: &boundaries,
                 eagle: self.cfg.eagle_group(self.groups[gi].spec.kind),
+                proof,
             };
             let n = if unitary {
                 num_computed
@@ -381,6 +385,32 @@ impl KvCache {
                 n,
             );
         }
+    }
+
+    /// Where a Mamba state may be checkpointed: EAGLE's drop applies to every Mamba group
+    /// whenever the engine drops (vLLM's `drop_eagle_checkpoint_block`), not per group.
+    fn proof(&self, req: &ReqCtx<'_>) -> groups::Proof {
+        groups::Proof {
+            eagle_drop: self.cfg.eagle_drop,
+            lookahead: req.view.lookahead,
+        }
+    }
+
+    /// `replay_boundaries`: the positions a later request replaying a prompt of `n` tokens
+    /// resumes at, whose blocks the retention masks keep: `n − 1` (a resend computes its last
+    /// token again); with a dropping group, the scheduler-block boundary one block below a
+    /// resend's (`n − 1` floored) and one below a longer sibling's (`n` floored), as the
+    /// match looks one block past each and drops it.
+    fn replay_boundaries(&self, n: usize) -> Vec<usize> {
+        if !self.cfg.eagle_drop {
+            return vec![n.saturating_sub(1)];
+        }
+        let b = self.params.scheduler_block as usize;
+        let resend = n.saturating_sub(1) / b * b;
+        let extension = n / b * b;
+        let mut out = vec![resend.saturating_sub(b), extension.saturating_sub(b)];
+        out.dedup();
+        out
     }
 
     /// Frees a finished or preempted request's blocks (each group's tail first).

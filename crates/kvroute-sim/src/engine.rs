@@ -355,7 +355,7 @@ impl Engine {
         }
     }
 
-    /// `_mamba_block_aligned_split` (no EAGLE, no fine-grained hits).
+    /// `_mamba_block_aligned_split` (no fine-grained hits).
     fn mamba_split(&self, r: &Req, n: usize, new_local: usize) -> usize {
         let start = r.num_computed + new_local;
         let prefill_end = r.prompt_len.max(r.tokens.len().saturating_sub(1));
@@ -364,9 +364,13 @@ impl Engine {
         }
         let b = self.params.scheduler_block as usize;
         let h = self.params.hash_block as usize;
-        let mut last_cache = groups::checkpoint_position(r.tokens.len(), b);
+        let proof = groups::Proof {
+            eagle_drop: self.kv.cfg.eagle_drop,
+            lookahead: self.lookahead,
+        };
+        let mut last_cache = groups::checkpoint_position(r.tokens.len(), b, proof);
         let mut end = start + n;
-        let cp = groups::checkpoint_position(prefill_end, b);
+        let cp = groups::checkpoint_position(prefill_end, b, proof);
         let internal = self.cfg.prefill_checkpoints
             && end >= prefill_end
             && groups::checkpoint_valid(start, end, cp, h, b);
