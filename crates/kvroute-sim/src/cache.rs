@@ -4,8 +4,8 @@
 //! or the hybrid fixed point, with the junction it detects, and with EAGLE's drop: each group
 //! looks one block past the candidate length and drops it, once per candidate length);
 //! `allocate_slots` (freeing blocks that left a window, chunk or superseded Mamba state, the
-//! admission check, allocation, caching with the retention masks at the replay boundaries);
-//! freeing finished requests; the prefix-cache reset.
+//! admission check, allocation with the drafter's lookahead slots, caching with the retention
+//! masks at the replay boundaries); freeing finished requests; the prefix-cache reset.
 //! Invariants: events come out of the pool in the order vLLM emits them (evictions during
 //! allocation, then one store per group in group order); a group's table holds the null block
 //! for skipped positions; hits are multiples of the alignment and at most `n − 1`.
@@ -98,6 +98,26 @@ pub struct KvCache {
     pub(crate) groups: Vec<Group>,
     lookups: Vec<(GroupSpec, Vec<u32>)>,
     pub(crate) cached_this_step: HashSet<Key>,
+}
+
+/// The token counts one `allocate_slots` call gives the groups: `need_slot` with the
+/// drafter's lookahead slots (capped at the model length), `main` the target model's alone.
+#[derive(Clone, Copy)]
+struct SlotCounts {
+    need_slot: usize,
+    main: usize,
+}
+
+impl SlotCounts {
+    /// A group's count: align-mode Mamba allocates no lookahead slots (they would break its
+    /// block alignment, and no drafter modeled here has Mamba layers), the others do.
+    fn of(self, kind: GroupKind) -> usize {
+        if kind == GroupKind::Mamba {
+            self.main
+        } else {
+            self.need_slot
+        }
+    }
 }
 
 pub(crate) fn cdiv(a: usize, b: usize) -> usize {
@@ -254,7 +274,10 @@ impl KvCache {
     }
 
     /// `allocate_slots`. `None` when the pool cannot hold the step (nothing allocated then,
-    /// though blocks outside windows may have been freed, as in vLLM).
+    /// though blocks outside windows may have been freed, as in vLLM). `num_lookahead` slots
+    /// past the scheduled tokens are allocated for a drafter's KV (vLLM's
+    /// `num_lookahead_tokens`) in every group but Mamba's, whose align mode ignores them; they
+    /// are never cached.
     #[allow(clippy::too_many_arguments)]
     pub fn allocate_slots(
         &mut self,
@@ -263,6 +286,7 @@ impl KvCache {
         num_new_tokens: usize,
         num_new_computed: usize,
         new_computed: Option<&[Vec<BlockId>]>,
+        num_lookahead: usize,
         full_sequence_must_fit: bool,
     ) -> Option<()> {
         let max_len = self.cfg.max_model_len as usize;
@@ -274,16 +298,22 @@ impl KvCache {
         let nc = new_computed.unwrap_or(&empty);
         if full_sequence_must_fit {
             let full = n_tokens.min(max_len);
-            let need = self.num_blocks_to_allocate(req, full, nc, total, local, true, prefill_end);
+            let sizes = SlotCounts {
+                need_slot: full,
+                main: full,
+            };
+            let need = self.num_blocks_to_allocate(req, sizes, nc, total, local, true, prefill_end);
             if need > self.pool.num_free() as i64 {
                 return None;
             }
         }
         let main = total + num_new_tokens;
-        let need_slot = main.min(max_len);
+        let sizes = SlotCounts {
+            need_slot: (main + num_lookahead).min(max_len),
+            main,
+        };
         self.remove_skipped_blocks(req.id, total);
-        let need =
-            self.num_blocks_to_allocate(req, need_slot, nc, total, local, false, prefill_end);
+        let need = self.num_blocks_to_allocate(req, sizes, nc, total, local, false, prefill_end);
         if need > self.pool.num_free() as i64 {
             return None;
         }
@@ -299,7 +329,8 @@ impl KvCache {
             }
         }
         for gi in 0..self.groups.len() {
-            groups::allocate_new(&mut self.pool, &mut self.groups[gi], req.id, need_slot)?;
+            let n = sizes.of(self.groups[gi].spec.kind);
+            groups::allocate_new(&mut self.pool, &mut self.groups[gi], req.id, n)?;
         }
         let to_cache = (total + num_new_tokens).min(n_tokens);
         self.cache_blocks(req, to_cache);
@@ -310,7 +341,7 @@ impl KvCache {
     fn num_blocks_to_allocate(
         &mut self,
         req: &ReqCtx<'_>,
-        num_tokens: usize,
+        sizes: SlotCounts,
         new_computed: &[Vec<BlockId>],
         total_computed: usize,
         local_computed: usize,
@@ -331,6 +362,7 @@ impl KvCache {
         };
         let mut sum = 0i64;
         for (g, nc) in self.groups.iter_mut().zip(new_computed) {
+            let num_tokens = sizes.of(g.spec.kind);
             sum += groups::num_blocks_to_allocate(
                 &self.pool,
                 &self.cached_this_step,

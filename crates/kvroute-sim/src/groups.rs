@@ -11,7 +11,7 @@
 //! keep one block more, shifted by one, and Mamba checkpoints sit one block below the
 //! boundary the drop leaves; a block is cached only once its hash exists (with vLLM 0.33's
 //! lookahead hashes, `L` tokens after it is full); block tables only grow, with the null block
-//! in freed positions.
+//! in freed positions; align-mode Mamba allocates no lookahead slots.
 //! Must not: touch other groups or decide scheduling.
 
 use crate::cache::{cdiv, Group, ReqCtx};
