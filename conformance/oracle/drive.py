@@ -482,9 +482,11 @@ def run_case(case, version, out_dir, seed):
             ids = list(so.num_scheduled_tokens.keys())
             sampled = []
             for r in ids:
+                # schedule() has already counted this step's tokens as computed
+                # (`_update_after_schedule`): a request samples once its prompt is computed.
                 q = sched.requests[r]
-                end = q.num_computed_tokens + so.num_scheduled_tokens[r]
-                sampled.append([rng.randrange(1, VOCAB)] if end >= q.num_tokens else [])
+                done = q.num_computed_tokens >= q.num_tokens
+                sampled.append([rng.randrange(1, VOCAB)] if done else [])
             mro = ModelRunnerOutput(
                 req_ids=ids,
                 req_id_to_index={r: k for k, r in enumerate(ids)},

@@ -2,9 +2,10 @@
 //!
 //! Owns: per (request, group) block tables; the hit lookup (`find_longest_cache_hit`, unitary
 //! or the hybrid fixed point, with the junction it detects, and with EAGLE's drop: each group
-//! looks one block past the candidate length and drops it, once per candidate length); `allocate_slots` (freeing blocks
-//! that left a window, chunk or superseded Mamba state, the admission check, allocation,
-//! caching with the retention masks); freeing finished requests; the prefix-cache reset.
+//! looks one block past the candidate length and drops it, once per candidate length);
+//! `allocate_slots` (freeing blocks that left a window, chunk or superseded Mamba state, the
+//! admission check, allocation with the drafter's lookahead slots, caching with the retention
+//! masks at the replay boundaries); freeing finished requests; the prefix-cache reset.
 //! Invariants: events come out of the pool in the order vLLM emits them (evictions during
 //! allocation, then one store per group in group order); a group's table holds the null block
 //! for skipped positions; hits are multiples of the alignment and at most `n − 1`.
@@ -97,6 +98,26 @@ pub struct KvCache {
     pub(crate) groups: Vec<Group>,
     lookups: Vec<(GroupSpec, Vec<u32>)>,
     pub(crate) cached_this_step: HashSet<Key>,
+}
+
+/// The token counts one `allocate_slots` call gives the groups: `need_slot` with the
+/// drafter's lookahead slots (capped at the model length), `main` the target model's alone.
+#[derive(Clone, Copy)]
+struct SlotCounts {
+    need_slot: usize,
+    main: usize,
+}
+
+impl SlotCounts {
+    /// A group's count: align-mode Mamba allocates no lookahead slots (they would break its
+    /// block alignment, and no drafter modeled here has Mamba layers), the others do.
+    fn of(self, kind: GroupKind) -> usize {
+        if kind == GroupKind::Mamba {
+            self.main
+        } else {
+            self.need_slot
+        }
+    }
 }
 
 pub(crate) fn cdiv(a: usize, b: usize) -> usize {
@@ -253,7 +274,10 @@ impl KvCache {
     }
 
     /// `allocate_slots`. `None` when the pool cannot hold the step (nothing allocated then,
-    /// though blocks outside windows may have been freed, as in vLLM).
+    /// though blocks outside windows may have been freed, as in vLLM). `num_lookahead` slots
+    /// past the scheduled tokens are allocated for a drafter's KV (vLLM's
+    /// `num_lookahead_tokens`) in every group but Mamba's, whose align mode ignores them; they
+    /// are never cached.
     #[allow(clippy::too_many_arguments)]
     pub fn allocate_slots(
         &mut self,
@@ -262,6 +286,7 @@ impl KvCache {
         num_new_tokens: usize,
         num_new_computed: usize,
         new_computed: Option<&[Vec<BlockId>]>,
+        num_lookahead: usize,
         full_sequence_must_fit: bool,
     ) -> Option<()> {
         let max_len = self.cfg.max_model_len as usize;
@@ -273,16 +298,22 @@ impl KvCache {
         let nc = new_computed.unwrap_or(&empty);
         if full_sequence_must_fit {
             let full = n_tokens.min(max_len);
-            let need = self.num_blocks_to_allocate(req, full, nc, total, local, true, prefill_end);
+            let sizes = SlotCounts {
+                need_slot: full,
+                main: full,
+            };
+            let need = self.num_blocks_to_allocate(req, sizes, nc, total, local, true, prefill_end);
             if need > self.pool.num_free() as i64 {
                 return None;
             }
         }
         let main = total + num_new_tokens;
-        let need_slot = main.min(max_len);
+        let sizes = SlotCounts {
+            need_slot: (main + num_lookahead).min(max_len),
+            main,
+        };
         self.remove_skipped_blocks(req.id, total);
-        let need =
-            self.num_blocks_to_allocate(req, need_slot, nc, total, local, false, prefill_end);
+        let need = self.num_blocks_to_allocate(req, sizes, nc, total, local, false, prefill_end);
         if need > self.pool.num_free() as i64 {
             return None;
         }
@@ -298,7 +329,8 @@ impl KvCache {
             }
         }
         for gi in 0..self.groups.len() {
-            groups::allocate_new(&mut self.pool, &mut self.groups[gi], req.id, need_slot)?;
+            let n = sizes.of(self.groups[gi].spec.kind);
+            groups::allocate_new(&mut self.pool, &mut self.groups[gi], req.id, n)?;
         }
         let to_cache = (total + num_new_tokens).min(n_tokens);
         self.cache_blocks(req, to_cache);
@@ -309,7 +341,7 @@ impl KvCache {
     fn num_blocks_to_allocate(
         &mut self,
         req: &ReqCtx<'_>,
-        num_tokens: usize,
+        sizes: SlotCounts,
         new_computed: &[Vec<BlockId>],
         total_computed: usize,
         local_computed: usize,
@@ -326,9 +358,11 @@ impl KvCache {
             align: self.params.align as usize,
             num_gpu_blocks: self.pool.num_blocks(),
             prefill_checkpoints: self.cfg.prefill_checkpoints,
+            proof: self.proof(req),
         };
         let mut sum = 0i64;
         for (g, nc) in self.groups.iter_mut().zip(new_computed) {
+            let num_tokens = sizes.of(g.spec.kind);
             sum += groups::num_blocks_to_allocate(
                 &self.pool,
                 &self.cached_this_step,
@@ -356,7 +390,8 @@ impl KvCache {
 
     /// `cache_blocks` for every group.
     pub fn cache_blocks(&mut self, req: &ReqCtx<'_>, num_computed: usize) {
-        let boundaries = [req.num_prompt.saturating_sub(1)];
+        let boundaries = self.replay_boundaries(req.num_prompt);
+        let proof = self.proof(req);
         let sched = self.params.scheduler_block as usize;
         let unitary = self.params.unitary;
         for gi in 0..self.groups.len() {
@@ -366,6 +401,7 @@ impl KvCache {
                 retention: self.cfg.retention,
                 boundaries: &boundaries,
                 eagle: self.cfg.eagle_group(self.groups[gi].spec.kind),
+                proof,
             };
             let n = if unitary {
                 num_computed
@@ -381,6 +417,32 @@ impl KvCache {
                 n,
             );
         }
+    }
+
+    /// Where a Mamba state may be checkpointed: EAGLE's drop applies to every Mamba group
+    /// whenever the engine drops (vLLM's `drop_eagle_checkpoint_block`), not per group.
+    fn proof(&self, req: &ReqCtx<'_>) -> groups::Proof {
+        groups::Proof {
+            eagle_drop: self.cfg.eagle_drop,
+            lookahead: req.view.lookahead,
+        }
+    }
+
+    /// `replay_boundaries`: the positions a later request replaying a prompt of `n` tokens
+    /// resumes at, whose blocks the retention masks keep: `n − 1` (a resend computes its last
+    /// token again); with a dropping group, the scheduler-block boundary one block below a
+    /// resend's (`n − 1` floored) and one below a longer sibling's (`n` floored), as the
+    /// match looks one block past each and drops it.
+    fn replay_boundaries(&self, n: usize) -> Vec<usize> {
+        if !self.cfg.eagle_drop {
+            return vec![n.saturating_sub(1)];
+        }
+        let b = self.params.scheduler_block as usize;
+        let resend = n.saturating_sub(1) / b * b;
+        let extension = n / b * b;
+        let mut out = vec![resend.saturating_sub(b), extension.saturating_sub(b)];
+        out.dedup();
+        out
     }
 
     /// Frees a finished or preempted request's blocks (each group's tail first).

@@ -9,6 +9,10 @@
 //! prefix-cache rules (`vllm_rules::SpecRules`): 0.33 with `L > 0` lookahead tokens hashes each
 //! block with the `L` tokens after it (a block has a hash, and can be stored, only once they
 //! exist) and drops nothing; otherwise EAGLE-style speculation drops the last matched block.
+//! Under speculation every allocation also reserves the drafter's lookahead slots, an admission
+//! with one token left is padded to a decode step's `1 + k` rows (the drafts rejected at once:
+//! no draft is ever accepted), and 0.33 caches a request's blocks again once a sampled token
+//! arrives (a lookahead hash it completes is stored in that step).
 //! Invariants: one `step()` is one engine step: its events are exactly what vLLM would publish
 //! as one batch (possibly none); a request's `num_cached_tokens` is its hit at first scheduling;
 //! time only moves forward; hits are at most `n − max(1, L)`.
@@ -70,6 +74,12 @@ pub struct Engine {
     hasher: BlockHasher,
     /// Lookahead tokens each block hash covers (`L`).
     lookahead: usize,
+    /// Slots allocated past a request's scheduled tokens for the drafter's KV (vLLM's
+    /// `num_lookahead_tokens`).
+    draft_slots: usize,
+    /// Cache a request's computed blocks again once its sampled token arrives (vLLM 0.33
+    /// under speculative decoding).
+    cache_after_output: bool,
     reqs: HashMap<u64, Req>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
@@ -124,6 +134,8 @@ impl Engine {
             cpu,
             hasher: BlockHasher::new(cfg.hash_algo, &cfg.hash_seed),
             lookahead: rules.lookahead as usize,
+            draft_slots: rules.draft_slots as usize,
+            cache_after_output: rules.cache_after_output,
             params,
             kv,
             reqs: HashMap::new(),
@@ -304,7 +316,7 @@ impl Engine {
         let ctx = Self::ctx(r, self.lookahead);
         if self
             .kv
-            .allocate_slots(&ctx, 0, load, hit.tokens, hit.blocks.as_deref(), true)
+            .allocate_slots(&ctx, 0, load, hit.tokens, hit.blocks.as_deref(), 0, true)
             .is_none()
         {
             return false;
@@ -355,7 +367,7 @@ impl Engine {
         }
     }
 
-    /// `_mamba_block_aligned_split` (no EAGLE, no fine-grained hits).
+    /// `_mamba_block_aligned_split` (no fine-grained hits).
     fn mamba_split(&self, r: &Req, n: usize, new_local: usize) -> usize {
         let start = r.num_computed + new_local;
         let prefill_end = r.prompt_len.max(r.tokens.len().saturating_sub(1));
@@ -364,9 +376,13 @@ impl Engine {
         }
         let b = self.params.scheduler_block as usize;
         let h = self.params.hash_block as usize;
-        let mut last_cache = groups::checkpoint_position(r.tokens.len(), b);
+        let proof = groups::Proof {
+            eagle_drop: self.kv.cfg.eagle_drop,
+            lookahead: self.lookahead,
+        };
+        let mut last_cache = groups::checkpoint_position(r.tokens.len(), b, proof);
         let mut end = start + n;
-        let cp = groups::checkpoint_position(prefill_end, b);
+        let cp = groups::checkpoint_position(prefill_end, b, proof);
         let internal = self.cfg.prefill_checkpoints
             && end >= prefill_end
             && groups::checkpoint_valid(start, end, cp, h, b);
@@ -424,6 +440,8 @@ impl Engine {
         let mut scheduled: Vec<(u64, usize)> = Vec::new();
         let mut lookups = Vec::new();
         let mut preempted = false;
+        // A running request scheduled this step still prefills after it.
+        let mut prefill_scheduled = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let handle = self.running[i];
@@ -451,7 +469,7 @@ impl Engine {
                 let ctx = Self::ctx(r, self.lookahead);
                 if self
                     .kv
-                    .allocate_slots(&ctx, r.num_computed, n, 0, None, false)
+                    .allocate_slots(&ctx, r.num_computed, n, 0, None, self.draft_slots, false)
                     .is_some()
                 {
                     ok = true;
@@ -469,10 +487,15 @@ impl Engine {
             if !ok {
                 break;
             }
+            let r = &self.reqs[&handle];
+            prefill_scheduled |= r.num_computed + n < r.tokens.len();
             scheduled.push((handle, n));
             budget -= n;
             i += 1;
         }
+        let running_scheduled = scheduled.len();
+        // Padded draft rows scheduled this step (counted as scheduled, never computed).
+        let mut draft_rows = 0;
         if !preempted {
             while budget > 0 && self.running.len() < self.cfg.max_num_seqs as usize {
                 let Some(&handle) = self.waiting.front() else {
@@ -535,17 +558,52 @@ impl Engine {
                     }
                     continue;
                 }
-                let mut n = (r.tokens.len() - hit.tokens).min(budget);
+                let mut n = r.tokens.len() - hit.tokens;
+                // Speculative decoding pads an admission with one token left (a hit on all
+                // but the last) to a decode step's `1 + k` rows; those k draft rows are
+                // rejected at once (no drafter runs), but their slots are allocated.
+                let k = self
+                    .cfg
+                    .speculative
+                    .as_ref()
+                    .map_or(0, |s| s.num_speculative_tokens);
+                let k = k as usize;
+                let pad = k > 0
+                    && n == 1
+                    && !prefill_scheduled
+                    && (running_scheduled > 0 || hit.tokens > 0)
+                    // Room for the rows and the sampled token.
+                    && hit.tokens + 1 + k < max_len;
+                if pad {
+                    if 1 + k > budget {
+                        break;
+                    }
+                    n = 1 + k;
+                }
+                n = n.min(budget);
                 if mamba {
                     n = self.mamba_split(r, n, hit.tokens);
                 }
                 if n == 0 {
                     break;
                 }
+                // Rows past the request's tokens: the padding, unless alignment clipped it.
+                let drafts = if pad && n == 1 + k { k } else { 0 };
+                if pad && drafts == 0 {
+                    n = 1;
+                }
                 let ctx = Self::ctx(r, self.lookahead);
                 if self
                     .kv
-                    .allocate_slots(&ctx, 0, n, hit.tokens, hit.blocks.as_deref(), true)
+                    .allocate_slots(
+                        &ctx,
+                        0,
+                        n,
+                        hit.tokens,
+                        hit.blocks.as_deref(),
+                        self.draft_slots,
+                        true,
+                    )
                     .is_none()
                 {
                     break;
@@ -566,7 +624,8 @@ impl Engine {
                     r.remote = None;
                     r.num_computed = hit.tokens;
                 }
-                scheduled.push((handle, n));
+                scheduled.push((handle, n - drafts));
+                draft_rows += drafts;
                 budget -= n;
             }
         }
@@ -590,7 +649,7 @@ impl Engine {
             }
         }
         out.duration_s = self.cfg.time.step_seconds(&work);
-        out.scheduled_tokens = scheduled.iter().map(|(_, n)| n).sum();
+        out.scheduled_tokens = scheduled.iter().map(|(_, n)| n).sum::<usize>() + draft_rows;
         self.now += out.duration_s;
         self.stats.steps += 1;
         for (handle, _) in &scheduled {
@@ -651,14 +710,17 @@ impl Engine {
             finished: finished.clone(),
         });
         self.stats.generation_tokens += 1;
+        Self::update_hashes(&self.hasher, self.params.hash_block as usize, lookahead, r);
+        if self.cache_after_output {
+            self.kv
+                .cache_blocks(&Self::ctx(r, lookahead), r.num_computed);
+        }
         if let Some(f) = finished {
             self.stats.finished += 1;
             self.stats.prompt_tokens += f.prompt_tokens as u64;
             self.running.retain(|h| *h != handle);
             self.kv.free(handle);
             self.reqs.remove(&handle);
-        } else {
-            Self::update_hashes(&self.hasher, self.params.hash_block as usize, lookahead, r);
         }
     }
 

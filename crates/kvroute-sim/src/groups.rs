@@ -7,11 +7,11 @@
 //! interval) and the partial-tail / checkpoint re-keying of align-mode Mamba.
 //! Invariants: every function mirrors the vLLM 0.32 manager method named in its doc comment,
 //! without DCP, KV connectors or fine-grained (partial) hits, none of which the simulator
-//! offers; under EAGLE the hit finders drop their last block and the window retention masks
-//! keep one block more, shifted by one (the Mamba managers' EAGLE checkpoint handling is not
-//! modelled); a block is cached only once its hash exists (with vLLM 0.33's lookahead hashes,
-//! `L` tokens after it is full); block tables only grow, with the null block in freed
-//! positions.
+//! offers; under EAGLE the hit finders drop their last block, the window retention masks
+//! keep one block more, shifted by one, and Mamba checkpoints sit one block below the
+//! boundary the drop leaves; a block is cached only once its hash exists (with vLLM 0.33's
+//! lookahead hashes, `L` tokens after it is full); block tables only grow, with the null block
+//! in freed positions; align-mode Mamba allocates no lookahead slots.
 //! Must not: touch other groups or decide scheduling.
 
 use crate::cache::{cdiv, Group, ReqCtx};
@@ -202,6 +202,8 @@ pub struct AllocCtx {
     pub align: usize,
     pub num_gpu_blocks: usize,
     pub prefill_checkpoints: bool,
+    /// Where a Mamba state may be checkpointed.
+    pub proof: Proof,
 }
 
 fn evictable(pool: &BlockPool, blocks: &[BlockId]) -> i64 {
@@ -211,9 +213,23 @@ fn evictable(pool: &BlockPool, blocks: &[BlockId]) -> i64 {
         .count() as i64
 }
 
-/// `get_mamba_prefill_checkpoint_position` without EAGLE.
-pub fn checkpoint_position(num_tokens: usize, unit: usize) -> usize {
-    num_tokens.saturating_sub(1) / unit * unit
+/// What a Mamba checkpoint must leave after it: with EAGLE's block drop
+/// (`drop_eagle_checkpoint_block`, set on every Mamba manager when the engine drops), the block
+/// the full-attention match drops; otherwise the token recomputed for logits, or the `L`
+/// tokens a lookahead hash covers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Proof {
+    pub eagle_drop: bool,
+    pub lookahead: usize,
+}
+
+/// `get_mamba_prefill_checkpoint_position`: the last `unit`-aligned position at most
+/// `n − max(1, L)`, or under EAGLE's drop the aligned position one `unit` below `n`'s.
+pub fn checkpoint_position(num_tokens: usize, unit: usize, proof: Proof) -> usize {
+    if proof.eagle_drop {
+        return (num_tokens / unit * unit).saturating_sub(unit);
+    }
+    num_tokens.saturating_sub(proof.lookahead.max(1)) / unit * unit
 }
 
 /// `is_mamba_prefill_checkpoint_valid` with a checkpoint alignment of 1 (Mamba2).
@@ -251,7 +267,7 @@ pub fn num_blocks_to_allocate(
         let required = cdiv(num_tokens, b) as i64;
         let r = g.reqs.entry(req).or_default();
         let mut num_new = required - new_computed.len() as i64 - r.blocks.len() as i64;
-        let mut cp = checkpoint_position(num_tokens, ctx.align);
+        let mut cp = checkpoint_position(num_tokens, ctx.align, ctx.proof);
         let cp_idx = cdiv(num_tokens, b) as i64 - 2;
         let needs = ctx.prefill_checkpoints
             && num_tokens >= prefill_end
@@ -377,6 +393,8 @@ pub struct CacheCtx<'a> {
     pub boundaries: &'a [usize],
     /// The groups drop the EAGLE block (window masks keep one block more, shifted by one).
     pub eagle: bool,
+    /// Where a Mamba state may be checkpointed.
+    pub proof: Proof,
 }
 
 /// `reachable_block_mask` for blocks `[start, end)`; `None` keeps every block.
@@ -550,7 +568,7 @@ fn mamba_partial_tail(
     let r = g.reqs.get(&req.id)?;
     if let Some((pos, idx)) = r.checkpoint {
         let id = *r.blocks.get(idx)?;
-        let prompt_cp = pos == checkpoint_position(req.num_prompt, ctx.align);
+        let prompt_cp = pos == checkpoint_position(req.num_prompt, ctx.align, ctx.proof);
         let mut retained = false;
         if pos % b == 0 && pos >= b {
             let bi = pos / b - 1;
@@ -568,7 +586,7 @@ fn mamba_partial_tail(
     if num_tokens == 0 || num_tokens % h != 0 {
         return None;
     }
-    if num_tokens != checkpoint_position(req.num_prompt, h) {
+    if num_tokens != checkpoint_position(req.num_prompt, h, ctx.proof) {
         return None;
     }
     let idx = cdiv(num_tokens, b) - 1;

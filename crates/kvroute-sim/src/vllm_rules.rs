@@ -4,7 +4,8 @@
 //! where the `SimpleCPUOffloadConnector`'s lookup starts ([`simple_cpu_start`]).
 //!
 //! Owns: these rules, written from vLLM 0.32's and 0.33's sources (`config/speculative.py`,
-//! `VllmConfig.num_hash_lookahead_tokens`, `offloading/scheduler.py`'s
+//! `VllmConfig.num_hash_lookahead_tokens` and `num_lookahead_tokens`, the scheduler's
+//! `update_from_output`, `offloading/scheduler.py`'s
 //! `_lookup_complete_chunks`, `simple_kv_offload/manager.py`'s `get_num_new_matched_tokens`),
 //! as plain loops over the simulator's own types.
 //! Invariants: shares no rule, layout or tier function with kvroute-index (only its
@@ -28,6 +29,15 @@ pub struct SpecRules {
     pub eagle_drop: bool,
     /// The engine flags the groups holding the drafter's layers (`is_eagle_group`).
     pub drafter_groups_flagged: bool,
+    /// `VllmConfig.num_lookahead_tokens`: KV slots the scheduler allocates past a request's
+    /// scheduled tokens for the drafter's KV (k for EAGLE-style methods, MTP, DSpark drafting
+    /// from its anchor and a draft model; k + 1 for DFlash; 0 for n-gram and suffix
+    /// decoding).
+    pub draft_slots: u32,
+    /// 0.33 caches a request's computed blocks again right after a sampled token arrives
+    /// (`update_from_output`, under any speculative method): a block whose lookahead hash
+    /// only that token completes is cached in the same step, even when the request finishes.
+    pub cache_after_output: bool,
 }
 
 impl SpecRules {
@@ -67,10 +77,19 @@ impl SpecRules {
             // 0.33 marks every draft layer.
             Generation::Vllm033 => true,
         };
+        // DSpark with a fill-in drafter (not sampling from its anchor) needs k + 1 as DFlash
+        // does; the configuration does not say which, and the anchor-sampling default is taken.
+        let draft_slots = match method {
+            "dflash" => s.num_speculative_tokens + 1,
+            "eagle" | "eagle3" | "mtp" | "dspark" | "draft_model" => s.num_speculative_tokens,
+            _ => 0,
+        };
         SpecRules {
             lookahead,
             eagle_drop: block_drop && lookahead == 0,
             drafter_groups_flagged,
+            draft_slots,
+            cache_after_output: generation == Generation::Vllm033 && s.num_speculative_tokens > 0,
         }
     }
 }
@@ -285,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn eagle_drops_on_0_32_and_hashes_one_lookahead_token_on_0_33() {
+    fn eagle_drops_on_0_32_hashes_one_lookahead_token_on_0_33_and_reserves_k_draft_slots_on_both() {
         let s = spec("eagle", 2);
         let on_032 = SpecRules::of(Generation::Vllm032, Some(&s));
         assert_eq!((on_032.lookahead, on_032.eagle_drop), (0, true));
@@ -296,6 +315,10 @@ mod tests {
         legacy.disable_lookahead_block_hashes = true;
         let r = SpecRules::of(Generation::Vllm033, Some(&legacy));
         assert_eq!((r.lookahead, r.eagle_drop), (0, true));
+        assert_eq!(
+            (on_032.draft_slots, on_033.draft_slots, r.draft_slots),
+            (2, 2, 2)
+        );
     }
 
     #[test]
@@ -310,7 +333,9 @@ mod tests {
             SpecRules {
                 lookahead: 0,
                 eagle_drop: false,
-                drafter_groups_flagged: true
+                drafter_groups_flagged: true,
+                draft_slots: 3,
+                cache_after_output: true,
             }
         );
         assert_eq!(

@@ -171,6 +171,7 @@ pub struct StepOutcome {
     pub tokens: Vec<TokenOut>,
     /// Simulated duration of the step.
     pub duration_s: f64,
+    /// Tokens scheduled (vLLM's `num_scheduled_tokens`), padded draft rows included.
     pub scheduled_tokens: usize,
 }
 

@@ -1,6 +1,7 @@
 //! Engine behaviours the corpora do not isolate: duplicates, preemption, window blocks freed
-//! but still cached, the Mamba chunk split, and the time model's effect on TTFT (a reused
-//! prefix, an arrival mid-step, a later prompt sharing an earlier one's last prefill step).
+//! but still cached, the Mamba chunk split, the time model's effect on TTFT (a reused prefix,
+//! an arrival mid-step, a later prompt sharing an earlier one's last prefill step), and the
+//! slots speculative decoding allocates (the drafter's lookahead, a padded admission).
 
 use kvroute_index::Event;
 use kvroute_sim::{Engine, EngineConfig, NewRequest};
@@ -272,4 +273,46 @@ fn a_later_prompt_shares_an_earlier_prompts_last_prefill_step_which_gdn_splits_o
         followed - alone > 0.9 * 1096.0 * 60e-6,
         "alone {alone} followed {followed}"
     );
+}
+
+fn eagle(engine: kvroute_index::Engine) -> Engine {
+    let mut cfg = EngineConfig::for_preset("llama").unwrap();
+    cfg.engine = engine;
+    cfg.speculative = Some(kvroute_index::Speculative {
+        method: "eagle".into(),
+        num_speculative_tokens: 2,
+        num_nextn_predict_layers: None,
+        disable_lookahead_block_hashes: false,
+        disable_eagle_block_drop: false,
+    });
+    Engine::new(cfg).unwrap()
+}
+
+#[test]
+fn an_eagle_request_holds_the_drafter_s_lookahead_slots_past_its_scheduled_tokens() {
+    let mut e = eagle(kvroute_index::Engine::Vllm032);
+    let h = e.add_request(req((0..16).collect(), 3)).unwrap();
+    // One block of prompt, and two slots for the drafter's KV past it: a second block.
+    assert_eq!(e.step().scheduled_tokens, 16);
+    assert_eq!(e.kv.held_blocks(h), vec![2]);
+    // Decoding token 17 needs slots up to 19: still two blocks.
+    assert_eq!(e.step().scheduled_tokens, 1);
+    assert_eq!(e.kv.held_blocks(h), vec![2]);
+}
+
+#[test]
+fn a_speculative_admission_with_one_token_left_is_padded_to_a_decode_step_s_rows() {
+    let mut e = eagle(kvroute_index::Engine::Vllm033);
+    let prompt: Vec<u32> = (0..17).collect();
+    e.add_request(req(prompt.clone(), 1)).unwrap();
+    run_all(&mut e);
+    // The repeat hits 16 of its 17 tokens: its one token is scheduled as 1 + k rows, whose
+    // slots and the drafter's 2 past them take a second block; only the real token counts.
+    let h = e.add_request(req(prompt, 2)).unwrap();
+    let out = e.step();
+    assert_eq!(out.scheduled_tokens, 3);
+    assert_eq!(out.tokens.len(), 1);
+    assert_eq!(out.tokens[0].num_cached_tokens, 16);
+    assert_eq!(e.kv.held_blocks(h), vec![2]);
+    assert_eq!(e.step().scheduled_tokens, 1);
 }

@@ -1,7 +1,7 @@
 //! The simulated engine's generations over its real interfaces: a vLLM 0.33 worker with an
 //! EAGLE drafter answers `GET /version` as 0.33 and publishes msgpack `BlockStored` events
 //! whose hashes cover the next token (`lookahead_token_ids`), storing a block only once that
-//! token exists; a 0.32 worker with the same drafter publishes plain stores and drops the
+//! token exists (a sampled one in the step that samples it); a 0.32 worker with the same drafter publishes plain stores and drops the
 //! last matched block.
 
 use crate::common;
@@ -40,7 +40,8 @@ async fn a_vllm_0_33_eagle_worker_publishes_lookahead_hashes_and_stores_a_block_
     let (h, mut sub) = worker(Generation::Vllm033).await;
     assert_eq!(get(h.http, "/version").await.json()["version"], "0.33.0");
     let b = 16usize;
-    // Four full blocks and nothing after them: the last block's next token does not exist.
+    // Four full blocks and nothing after them: the fourth block's next token is the sampled
+    // one, and 0.33 stores the block in the step that samples it.
     let prompt: Vec<u32> = (0..4 * b as u32).map(|t| 100 + t).collect();
     assert_eq!(cached(&h, &prompt, 1).await, 0);
     let got = stores(&mut sub).await;
@@ -48,27 +49,30 @@ async fn a_vllm_0_33_eagle_worker_publishes_lookahead_hashes_and_stores_a_block_
         .iter()
         .flat_map(|s| s.hashes.iter().map(|x| x.value.0))
         .collect();
-    let hasher = BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED);
-    let want: Vec<u64> = hasher
-        .chain_lookahead(&prompt, b, &BlockExtras::default(), 1)
-        .iter()
-        .map(|d| hash::external(d).0)
-        .collect();
-    assert_eq!(want.len(), 3, "the fourth block has no next token yet");
-    assert_eq!(
-        hashes, want,
-        "the engine's hashes are vLLM 0.33's lookahead hashes"
-    );
     let lookahead: Vec<Vec<u32>> = got
         .iter()
         .flat_map(|s| s.lookahead_token_ids.clone().unwrap_or_default())
         .collect();
-    assert_eq!(lookahead, vec![vec![116], vec![132], vec![148]]);
+    assert_eq!(lookahead.len(), 4, "every block has its next token");
+    assert_eq!(lookahead[..3], [vec![116], vec![132], vec![148]]);
+    let sampled = lookahead[3][0];
+    let mut answered = prompt.clone();
+    answered.push(sampled);
+    let hasher = BlockHasher::new(HashAlgo::Sha256, DEFAULT_SEED);
+    let want: Vec<u64> = hasher
+        .chain_lookahead(&answered, b, &BlockExtras::default(), 1)
+        .iter()
+        .map(|d| hash::external(d).0)
+        .collect();
+    assert_eq!(
+        hashes, want,
+        "the engine's hashes are vLLM 0.33's lookahead hashes"
+    );
 
-    // One token more: the fourth block is hashed and the same prompt hits three blocks (its
-    // bound is n − 1 and nothing drops).
+    // One other token more: the fourth block's hash differs and the same prompt hits three
+    // blocks, then four (its bound is n − 1 and nothing drops).
     let mut longer = prompt.clone();
-    longer.push(7);
+    longer.push(if sampled == 7 { 8 } else { 7 });
     assert_eq!(cached(&h, &longer, 1).await, 3 * b as u64);
     assert_eq!(cached(&h, &longer, 1).await, 4 * b as u64);
 }
