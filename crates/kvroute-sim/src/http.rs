@@ -559,7 +559,15 @@ async fn serve(
             }
         }
     }
-    let sub = match w.submit(c.req) {
+    let span = w.span_export().and_then(|e| {
+        e.open(
+            &id,
+            header("traceparent"),
+            header("tracestate"),
+            c.max_tokens,
+        )
+    });
+    let sub = match w.submit_traced(c.req, span) {
         Ok(s) => s,
         Err(e) => return bad(e.to_string()).into_response(),
     };
@@ -577,7 +585,6 @@ async fn serve(
             _ => None,
         },
     };
-    let _ = c.max_tokens;
     if c.stream {
         Sse::new(sse_stream(sub, meta)).into_response()
     } else {

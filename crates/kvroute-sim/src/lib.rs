@@ -6,7 +6,9 @@
 //! 0.33's lookahead hashes); its scheduler
 //! and a step time model (`engine`, `timing`); the layouts and presets (`spec`); the ZMQ event
 //! publisher (`wire`, `publisher`); the OpenAI-compatible HTTP server with metrics and fault
-//! hooks (`http`, `worker`; the trace context each request arrived with, `trace_context`); disaggregated prefill and decode over NixlConnector's protocol
+//! hooks (`http`, `worker`; the trace context each request arrived with, `trace_context`, and
+//! the engine's span of each request exported over OTLP as vLLM's, `otlp`); disaggregated
+//! prefill and decode over NixlConnector's protocol
 //! (`disagg`); a CPU tier as either offload connector keeps one (`offload`, `simple_offload`);
 //! the rules it reads from vLLM's sources itself, sharing none with kvroute-index (`vllm_rules`);
 //! and the in-process fleet API (`fleet`). docs/sim.md is the
@@ -24,6 +26,7 @@ pub(crate) mod groups;
 pub mod http;
 pub(crate) mod metrics;
 pub mod offload;
+pub mod otlp;
 pub mod pool;
 pub mod publisher;
 pub mod simple_offload;

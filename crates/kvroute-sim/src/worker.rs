@@ -4,7 +4,8 @@
 //! Owns: `WorkerConfig` (with the LoRA adapters served, `LoraModule`, and the KV transfer
 //! role), `Worker` (start, submit, pause/resume, publisher restart and faults, prefix-cache
 //! reset, the true cache state, metrics, the KV leases of a prefill worker), one tokio task
-//! per rank.
+//! per rank, and each running request's span (ended, and so exported, when the engine finishes
+//! the request, as vLLM's output processor does).
 //! Invariants: a rank steps only while it has work and is not paused; each step's events are
 //! published after the step's (scaled) duration has passed, then its tokens are delivered; a
 //! request whose receiver is gone is aborted and its blocks freed; simulated time never runs
@@ -14,6 +15,7 @@
 use crate::disagg::{KvTransfer, Leases};
 use crate::engine::{Engine, EngineConfig, NewRequest, TokenOut};
 use crate::error::SimError;
+use crate::otlp::{OpenSpan, SpanExport, Usage};
 use crate::publisher::{Publisher, PublisherConfig, WireFaults};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -42,6 +44,9 @@ pub struct WorkerConfig {
     pub lora_modules: Vec<LoraModule>,
     /// Disaggregated serving (vLLM's `--kv-transfer-config`, [`crate::disagg`]).
     pub kv_transfer: Option<KvTransfer>,
+    /// Export each request's `llm_request` span to this OTLP/HTTP traces URL (vLLM's
+    /// `--otlp-traces-endpoint`, [`crate::otlp`]); `None` exports nothing.
+    pub otlp_traces_endpoint: Option<String>,
 }
 
 /// One `--lora-modules name=path` entry.
@@ -86,6 +91,7 @@ impl WorkerConfig {
             max_body_bytes: crate::http::MAX_BODY_BYTES,
             lora_modules: Vec::new(),
             kv_transfer: None,
+            otlp_traces_endpoint: None,
         })
     }
 
@@ -136,6 +142,8 @@ pub(crate) struct Rank {
     senders: Mutex<HashMap<u64, mpsc::UnboundedSender<TokenOut>>>,
     /// Each running request's [`prompt_digest`], for its [`FinishedRecord`].
     digests: Mutex<HashMap<u64, u64>>,
+    /// Each running request's span, ended when it finishes (exporting only).
+    spans: Mutex<HashMap<u64, OpenSpan>>,
     pub publisher: Option<Publisher>,
 }
 
@@ -156,6 +164,8 @@ pub(crate) struct Shared {
     client: reqwest::Client,
     /// The trace context each completion request arrived with (`GET /admin/trace_context`).
     pub(crate) trace_contexts: crate::trace_context::TraceContexts,
+    /// The engine's span exporter (`otlp_traces_endpoint` set).
+    spans: Option<SpanExport>,
 }
 
 /// How many finished requests `/admin/requests` keeps.
@@ -262,9 +272,11 @@ impl Worker {
                 notify: Notify::new(),
                 senders: Mutex::new(HashMap::new()),
                 digests: Mutex::new(HashMap::new()),
+                spans: Mutex::new(HashMap::new()),
                 publisher,
             });
         }
+        let spans = cfg.otlp_traces_endpoint.clone().map(SpanExport::start);
         let shared = Arc::new(Shared {
             cfg,
             ranks,
@@ -278,6 +290,7 @@ impl Worker {
             leases: Leases::default(),
             client: reqwest::Client::new(),
             trace_contexts: Default::default(),
+            spans,
         });
         let tasks = (0..shared.ranks.len())
             .map(|r| tokio::spawn(run_rank(shared.clone(), r)))
@@ -301,6 +314,20 @@ impl Worker {
 
     /// Queues a request on the least loaded rank.
     pub fn submit(&self, req: NewRequest) -> Result<Submission, SimError> {
+        self.submit_traced(req, None)
+    }
+
+    /// The span exporter, when this worker exports (`otlp_traces_endpoint` set).
+    pub fn span_export(&self) -> Option<&SpanExport> {
+        self.shared.spans.as_ref()
+    }
+
+    /// [`Worker::submit`], with the request's span, ended when the engine finishes it.
+    pub fn submit_traced(
+        &self,
+        req: NewRequest,
+        span: Option<OpenSpan>,
+    ) -> Result<Submission, SimError> {
         if self.shared.stopped.load(Ordering::Relaxed) {
             return Err(SimError::Stopped);
         }
@@ -324,6 +351,9 @@ impl Worker {
             let h = e.add_request_at(req, now)?;
             rk.senders.lock().insert(h, tx);
             rk.digests.lock().insert(h, digest);
+            if let Some(s) = span {
+                rk.spans.lock().insert(h, s);
+            }
             h
         };
         rk.notify.notify_one();
@@ -338,6 +368,7 @@ impl Worker {
     pub fn abort(&self, rank: u32, handle: u64) {
         if let Some(rk) = self.shared.ranks.get(rank as usize) {
             rk.digests.lock().remove(&handle);
+            rk.spans.lock().remove(&handle);
             rk.engine.lock().abort(handle);
             rk.senders.lock().remove(&handle);
         }
@@ -571,6 +602,14 @@ async fn run_rank(shared: Arc<Shared>, r: usize) {
                 shared.e2e.lock().observe(f.e2e_s);
                 let digest = rank.digests.lock().remove(&t.handle).unwrap_or(0);
                 shared.record_finished(digest, r as u32, t.num_cached_tokens, f);
+                if let Some(s) = rank.spans.lock().remove(&t.handle) {
+                    s.finish(&Usage {
+                        prompt_tokens: f.prompt_tokens,
+                        completion_tokens: f.completion_tokens,
+                        ttft_s: f.ttft_s,
+                        e2e_s: f.e2e_s,
+                    });
+                }
             }
             let done = t.finished.is_some();
             let handle = t.handle;
@@ -582,6 +621,7 @@ async fn run_rank(shared: Arc<Shared>, r: usize) {
             drop(senders);
             if gone && !done {
                 rank.digests.lock().remove(&handle);
+                rank.spans.lock().remove(&handle);
                 rank.engine.lock().abort(handle);
             }
         }

@@ -24,7 +24,7 @@ use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use kvroute::gateway::config::file::GatewayConfig;
-use kvroute::gateway::config::otel::TracingConfig;
+use kvroute::gateway::config::otel::{OtlpProtocol, TracingConfig};
 use kvroute::gateway::config::{KvEventsSpec, WorkerSpec};
 use kvroute::gateway::otel::{ExportSettings, Tracing};
 use kvroute::gateway::{Gateway, GatewayHandle};
@@ -237,6 +237,7 @@ async fn span_work(iterations: usize) {
     println!("span work alone ({iterations} requests' traces, root + 3 stages + forward):");
     let settings = ExportSettings {
         endpoint: url,
+        protocol: OtlpProtocol::HttpProtobuf,
         service_name: "kvroute-bench".into(),
         schedule_delay: None,
         timeout: Duration::from_secs(10),

@@ -287,9 +287,10 @@ struct ServeArgs {
     /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish, seconds.
     #[arg(long)]
     shutdown_timeout_secs: Option<f64>,
-    /// Export OpenTelemetry traces (OTLP over HTTP, protobuf) to this URL, used as given
-    /// (`http://collector:4318/v1/traces`, as vLLM's `--otlp-traces-endpoint`); beats the file's
-    /// `[tracing]` and the `OTEL_EXPORTER_OTLP_*` environment. Without any: tracing is off.
+    /// Export OpenTelemetry traces over OTLP to this URL, used as given
+    /// (`http://collector:4318/v1/traces`, or `http://collector:4317` with the protocol `grpc`,
+    /// as vLLM's `--otlp-traces-endpoint`); beats the file's `[tracing]` and the
+    /// `OTEL_EXPORTER_OTLP_*` environment. Without any: tracing is off.
     #[arg(long)]
     otlp_traces_endpoint: Option<String>,
     /// Read the file, lay the flags over it and validate the result as a start does (the

@@ -92,6 +92,11 @@ pub struct SimWorkerArgs {
     /// `"kv_consumer"` (a decode worker) or `"kv_both"`; `engine_id` optional.
     #[arg(long)]
     kv_transfer_config: Option<kvroute_sim::KvTransfer>,
+    /// Export each request's `llm_request` span, a child of the `traceparent` it arrived with,
+    /// to this OTLP traces URL (OTLP/HTTP protobuf: `http://collector:4318/v1/traces`), as
+    /// vLLM's `--otlp-traces-endpoint` does.
+    #[arg(long)]
+    otlp_traces_endpoint: Option<String>,
     /// A CPU tier of this many slots, as vLLM's `--kv-offloading-size` with the default
     /// `OffloadingConnector` (one chunk a GPU block; a slot holds one chunk of one group):
     /// prompt blocks are stored there as their prefill completes, evicted LRU, published with
@@ -148,6 +153,13 @@ fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
     e.spec.params()?;
     cfg.lora_modules = a.lora_modules.clone();
     cfg.kv_transfer = a.kv_transfer_config.clone();
+    if let Some(url) = &a.otlp_traces_endpoint {
+        reqwest::Url::parse(url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
+            .with_context(|| format!("--otlp-traces-endpoint `{url}` is not an http(s) URL"))?;
+    }
+    cfg.otlp_traces_endpoint = a.otlp_traces_endpoint.clone();
     if let Some(name) = &a.served_model_name {
         cfg.model = name.clone();
     }

@@ -479,8 +479,11 @@ fn serve_check_config_refuses_an_unusable_trace_endpoint_or_protocol_naming_it()
         !ok && stderr.contains("tracing.otlp_traces_endpoint"),
         "{stderr}"
     );
-    // The environment's protocol applies to the flag's endpoint; grpc is not built in.
+    // The environment's protocol applies to the flag's endpoint: grpc is built in, http/json
+    // is not.
     let (ok, stderr) = check(&flag, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+    assert!(ok && stderr.contains("configuration valid"), "{stderr}");
+    let (ok, stderr) = check(&flag, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")]);
     assert!(
         !ok && stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL"),
         "{stderr}"

@@ -1,7 +1,8 @@
 //! OpenTelemetry traces of each request, and the W3C trace context passed to the engines.
 //!
 //! Owns: [`Tracing`] (one per gateway: the tracer provider exporting over OTLP, or nothing when
-//! no endpoint is configured — [`export`] resolves and builds it), [`RequestTrace`] (one per
+//! tracing is not configured — [`export`] resolves and builds it, [`grpc`] holds the gRPC
+//! exporter's runtime), [`RequestTrace`] (one per
 //! request: the root span, of kind server, a child of the client's `traceparent` when it sent
 //! a valid one), the stage spans ([`Stage`]: `parse`, `tokenize`, `decide`), the spans towards
 //! an engine ([`Forwarding`]: `forward`, of kind client, with its `first_byte` event) and the
@@ -18,6 +19,7 @@
 
 pub mod context;
 pub mod export;
+mod grpc;
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderMap, HeaderValue};
@@ -52,7 +54,7 @@ impl Tracing {
             Some(s) => {
                 let provider = export::build(s)?;
                 let tracer = provider.tracer_with_scope(export::scope());
-                tracing::info!(endpoint = %s.endpoint, service = %s.service_name, "exporting traces over OTLP");
+                tracing::info!(endpoint = %s.endpoint, protocol = s.protocol.name(), service = %s.service_name, "exporting traces over OTLP");
                 Some((provider, tracer))
             }
         };

@@ -10,31 +10,20 @@
 //! Every wait is on a condition with a deadline; no timing is asserted beyond ordering.
 
 use crate::common;
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use axum::Router;
+use crate::otlp_receiver::{one, Got, Receiver};
 use kvroute::gateway::config::otel::TracingConfig;
 use kvroute::gateway::config::{Role, WorkerSpec};
 use kvroute::gateway::{Gateway, GatewayHandle};
 use kvroute_sim::{Fleet, FleetOptions, KvTransfer, SimHandle, WorkerConfig};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
-use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-use prost::Message;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
-const PRESET: &str = "llama";
-const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
-const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+pub(crate) const PRESET: &str = "llama";
+pub(crate) const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+pub(crate) const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 const CLIENT_STATE: &str = "vendor=opaque,other=7";
 /// A whole request's spans: the root and its stages.
-const STAGES: [&str; 5] = [
+pub(crate) const STAGES: [&str; 5] = [
     "POST /v1/completions",
     "parse",
     "tokenize",
@@ -42,194 +31,23 @@ const STAGES: [&str; 5] = [
     "forward",
 ];
 
-fn client_traceparent() -> String {
+/// The engine's span of a request (vLLM's name).
+const ENGINE_SPAN: &str = "llm_request";
+
+pub(crate) fn client_traceparent() -> String {
     format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")
 }
 
-/// One span as the receiver decoded it (ids in lowercase hex, attributes as JSON values).
-#[derive(Clone, Debug)]
-struct Got {
-    service: String,
-    trace_id: String,
-    span_id: String,
-    parent: String,
-    name: String,
-    kind: i32,
-    start: u64,
-    end: u64,
-    attrs: BTreeMap<String, Value>,
-    events: Vec<(String, u64)>,
-    error: bool,
-}
-
-impl Got {
-    fn attr(&self, key: &str) -> &Value {
-        self.attrs.get(key).unwrap_or(&Value::Null)
-    }
-    /// Starts no earlier and ends no later than `parent`.
-    fn within(&self, parent: &Got) -> bool {
-        parent.start <= self.start && self.end <= parent.end
-    }
-}
-
-#[derive(Default)]
-struct Seen {
-    spans: Vec<Got>,
-    /// Export requests received, and any that were not OTLP protobuf.
-    posts: usize,
-    refused: Vec<String>,
-}
-
-/// A real OTLP/HTTP receiver on a loopback port.
-struct Receiver {
-    url: String,
-    seen: Arc<Mutex<Seen>>,
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn json_of(kv: &KeyValue) -> Value {
-    match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-        Some(Any::StringValue(s)) => json!(s),
-        Some(Any::IntValue(i)) => json!(i),
-        Some(Any::DoubleValue(d)) => json!(d),
-        Some(Any::BoolValue(b)) => json!(b),
-        other => json!(format!("{other:?}")),
-    }
-}
-
-fn decode(body: &[u8]) -> Result<Vec<Got>, String> {
-    let req = ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    for rs in req.resource_spans {
-        let service = rs
-            .resource
-            .iter()
-            .flat_map(|r| &r.attributes)
-            .find(|kv| kv.key == "service.name")
-            .map(|kv| json_of(kv).as_str().unwrap_or_default().to_string())
-            .unwrap_or_default();
-        for s in rs.scope_spans.into_iter().flat_map(|ss| ss.spans) {
-            out.push(Got {
-                service: service.clone(),
-                trace_id: hex(&s.trace_id),
-                span_id: hex(&s.span_id),
-                parent: hex(&s.parent_span_id),
-                name: s.name,
-                kind: s.kind,
-                start: s.start_time_unix_nano,
-                end: s.end_time_unix_nano,
-                attrs: s
-                    .attributes
-                    .iter()
-                    .map(|kv| (kv.key.clone(), json_of(kv)))
-                    .collect(),
-                events: s
-                    .events
-                    .into_iter()
-                    .map(|e| (e.name, e.time_unix_nano))
-                    .collect(),
-                error: s.status.is_some_and(|st| st.code == 2),
-            });
-        }
-    }
-    Ok(out)
-}
-
-impl Receiver {
-    async fn start() -> Receiver {
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let s = seen.clone();
-        let app = Router::new().route(
-            "/v1/traces",
-            post(move |headers: HeaderMap, body: Bytes| {
-                let s = s.clone();
-                async move {
-                    let ctype = headers
-                        .get("content-type")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_string();
-                    let mut g = s.lock().unwrap();
-                    g.posts += 1;
-                    let decoded = if ctype == "application/x-protobuf" {
-                        decode(&body)
-                    } else {
-                        Err(format!("content-type {ctype:?}"))
-                    };
-                    match decoded {
-                        Ok(spans) => g.spans.extend(spans),
-                        Err(e) => {
-                            g.refused.push(e);
-                            return (StatusCode::BAD_REQUEST, Vec::new());
-                        }
-                    }
-                    (
-                        StatusCode::OK,
-                        ExportTraceServiceResponse::default().encode_to_vec(),
-                    )
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Receiver {
-            url: format!("http://{addr}/v1/traces"),
-            seen,
-        }
-    }
-
-    fn posts(&self) -> usize {
-        self.seen.lock().unwrap().posts
-    }
-
-    /// The spans of `trace_id` once `names` have all arrived; fails the test when they do not
-    /// within the wait's deadline.
-    async fn trace(&self, trace_id: &str, names: &[&str]) -> Vec<Got> {
-        let what = format!("the spans {names:?} of trace {trace_id}");
-        common::wait_for(common::WAIT, &what, || async {
-            let g = self.seen.lock().unwrap();
-            assert!(g.refused.is_empty(), "refused exports: {:?}", g.refused);
-            let spans: Vec<Got> = g
-                .spans
-                .iter()
-                .filter(|s| s.trace_id == trace_id)
-                .cloned()
-                .collect();
-            let missing: Vec<&&str> = names
-                .iter()
-                .filter(|n| {
-                    spans.iter().filter(|s| s.name == **n).count()
-                        < names.iter().filter(|m| m == n).count()
-                })
-                .collect();
-            if missing.is_empty() {
-                Ok(spans)
-            } else {
-                Err(format!(
-                    "missing {missing:?}; have {:?}",
-                    spans.iter().map(|s| &s.name).collect::<Vec<_>>()
-                ))
-            }
-        })
-        .await
-    }
-}
-
-fn one<'a>(spans: &'a [Got], name: &str) -> &'a Got {
-    let all: Vec<&Got> = spans.iter().filter(|s| s.name == name).collect();
-    assert_eq!(all.len(), 1, "one {name} span: {spans:#?}");
-    all[0]
-}
-
 async fn fleet(n: usize) -> Fleet {
+    exporting_fleet(n, None).await
+}
+
+/// `n` simulated workers; with `spans_to`, each exports its own `llm_request` span of every
+/// request there (as vLLM with `--otlp-traces-endpoint`).
+pub(crate) async fn exporting_fleet(n: usize, spans_to: Option<String>) -> Fleet {
     let mut cfg = WorkerConfig::for_preset(PRESET).unwrap();
     cfg.speedup = 1000.0;
+    cfg.otlp_traces_endpoint = spans_to;
     Fleet::start(FleetOptions::new(cfg, n)).await.unwrap()
 }
 
@@ -243,7 +61,10 @@ fn tracing_to(r: &Receiver) -> TracingConfig {
     }
 }
 
-async fn gateway(specs: Vec<WorkerSpec>, tracing: Option<TracingConfig>) -> GatewayHandle {
+pub(crate) async fn gateway(
+    specs: Vec<WorkerSpec>,
+    tracing: Option<TracingConfig>,
+) -> GatewayHandle {
     let mut cfg = common::gateway_config(specs);
     cfg.tracing = tracing;
     let gw = Gateway::start(cfg).await.unwrap();
@@ -251,14 +72,18 @@ async fn gateway(specs: Vec<WorkerSpec>, tracing: Option<TracingConfig>) -> Gate
     gw
 }
 
-fn prompt(seed: u32, n: usize) -> Vec<u32> {
+pub(crate) fn prompt(seed: u32, n: usize) -> Vec<u32> {
     (0..n as u32)
         .map(|i| (seed * 131 + i * 7) % 1000 + 3)
         .collect()
 }
 
 /// Sends a completion with `headers`, reads the whole answer: the status and the decision.
-async fn complete(gw: &GatewayHandle, body: Value, headers: &[(&str, String)]) -> (u16, Value) {
+pub(crate) async fn complete(
+    gw: &GatewayHandle,
+    body: Value,
+    headers: &[(&str, String)],
+) -> (u16, Value) {
     let mut req = reqwest::Client::new()
         .post(format!("http://{}/v1/completions", gw.addr))
         .json(&body);
@@ -289,7 +114,7 @@ async fn engine_saw(h: &SimHandle) -> Vec<Value> {
 
 /// The `traceparent` the engine named `worker` among `fleet` received last, split into its
 /// trace id and parent span id.
-async fn engine_parent(fleet: &[SimHandle], worker: &str) -> (String, String, Value) {
+pub(crate) async fn engine_parent(fleet: &[SimHandle], worker: &str) -> (String, String, Value) {
     let h = fleet.iter().find(|h| h.name == worker).expect("the worker");
     let last = engine_saw(h)
         .await
@@ -307,7 +132,7 @@ async fn engine_parent(fleet: &[SimHandle], worker: &str) -> (String, String, Va
 /// The root span of `spans` (one request's), after checking the tree's shape and timings:
 /// every other span is the root's child and lies within it, each starts before it ends, and
 /// the stages present follow one another.
-fn checked_tree(spans: &[Got]) -> &Got {
+pub(crate) fn checked_tree(spans: &[Got]) -> &Got {
     let root = one(spans, "POST /v1/completions");
     assert_eq!(root.kind, SpanKind::Server as i32);
     for s in spans {
@@ -331,8 +156,34 @@ fn checked_tree(spans: &[Got]) -> &Got {
     root
 }
 
+/// Checks that `engine` holds the engine's one span of the request `saw` records (the
+/// simulator's, as vLLM's with `--otlp-traces-endpoint`): a child of the gateway's `forward`
+/// span `fwd`, within it, with vLLM's attributes.
+fn engine_joined(engine: &[Got], fwd: &Got, saw: &Value, prompt: usize, completion: usize) {
+    let llm = one(engine, ENGINE_SPAN);
+    assert_eq!(
+        (llm.trace_id.as_str(), llm.parent.as_str()),
+        (fwd.trace_id.as_str(), fwd.span_id.as_str()),
+        "the engine's span is the forward span's child"
+    );
+    assert_eq!(llm.kind, SpanKind::Server as i32);
+    assert!(llm.within(fwd), "{llm:?} {fwd:?}");
+    assert_eq!(llm.attr("gen_ai.request.id"), &saw["request_id"]);
+    assert_eq!(llm.attr("gen_ai.usage.prompt_tokens"), &json!(prompt));
+    assert_eq!(
+        llm.attr("gen_ai.usage.completion_tokens"),
+        &json!(completion)
+    );
+    let ttft = llm.attr("gen_ai.latency.time_to_first_token").as_f64();
+    let e2e = llm.attr("gen_ai.latency.e2e").as_f64();
+    assert!(
+        ttft.zip(e2e).is_some_and(|(t, e)| 0.0 < t && t <= e),
+        "{llm:?}"
+    );
+}
+
 /// The `first_byte` event's time on `fwd`, checked to be the one and within the span.
-fn first_byte(fwd: &Got) -> u64 {
+pub(crate) fn first_byte(fwd: &Got) -> u64 {
     let at: Vec<u64> = fwd
         .events
         .iter()
@@ -347,7 +198,7 @@ fn first_byte(fwd: &Got) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requests_spans_reach_the_receiver_as_children_of_the_clients_traceparent() {
     let rx = Receiver::start().await;
-    let f = fleet(2).await;
+    let f = exporting_fleet(2, Some(rx.url.clone())).await;
     let specs = f
         .workers
         .iter()
@@ -366,14 +217,13 @@ async fn a_requests_spans_reach_the_receiver_as_children_of_the_clients_tracepar
     ];
     let (status, decision) = complete(&gw, body, &headers).await;
     assert_eq!(status, 200);
-    let stages = [
-        "POST /v1/completions",
-        "parse",
-        "tokenize",
-        "decide",
-        "forward",
-    ];
-    let spans = rx.trace(CLIENT_TRACE, &stages).await;
+    let mut names = STAGES.to_vec();
+    names.push(ENGINE_SPAN);
+    let (engine, spans): (Vec<Got>, Vec<Got>) = rx
+        .trace(CLIENT_TRACE, &names)
+        .await
+        .into_iter()
+        .partition(|s| s.name == ENGINE_SPAN);
     let root = checked_tree(&spans);
     assert_eq!(
         root.parent, CLIENT_SPAN,
@@ -417,6 +267,7 @@ async fn a_requests_spans_reach_the_receiver_as_children_of_the_clients_tracepar
         (CLIENT_TRACE, fwd.span_id.as_str())
     );
     assert_eq!(saw["tracestate"], CLIENT_STATE, "{saw}");
+    engine_joined(&engine, fwd, &saw, tokens.len(), 8);
     gw.shutdown().await;
 }
 

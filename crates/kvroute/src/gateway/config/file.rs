@@ -113,8 +113,9 @@ pub struct GatewayConfig {
     /// The other replicas this one shares its bookings with (`[peers]`; none: off).
     #[serde(default, skip_serializing_if = "PeersConfig::is_default")]
     pub peers: PeersConfig,
-    /// OpenTelemetry traces (`[tracing]`); none: the `OTEL_*` environment alone decides, and
-    /// with no endpoint there tracing is off. A change needs a restart.
+    /// OpenTelemetry traces (`[tracing]`: on, to the protocol's default endpoint unless one is
+    /// set here or in the environment); none: the `OTEL_*` environment alone decides, and with
+    /// no endpoint there tracing is off. A change needs a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<TracingConfig>,
 }

@@ -2,21 +2,26 @@
 //! `OTEL_*` environment, and the tracer provider that exports to them.
 //!
 //! Owns: [`resolve`] (the configuration file beats the environment, the signal-specific variable
-//! beats the generic one; no endpoint anywhere, or `OTEL_SDK_DISABLED=true`: off), [`build`]
-//! (the OTLP/HTTP protobuf exporter behind the SDK's batch span processor, its resource's
-//! `service.name`), and the exporter's HTTP client ([`ExportClient`]).
+//! beats the generic one; no `[tracing]` section and no endpoint in the environment, or
+//! `OTEL_SDK_DISABLED=true`: off), [`build`] (the OTLP exporter of the resolved protocol —
+//! HTTP protobuf, or gRPC through [`grpc`] — behind the SDK's batch span processor, its
+//! resource's `service.name`), and the HTTP exporter's client ([`ExportClient`]).
 //! Invariants: the batch processor exports on a thread of its own, never on the gateway's
-//! runtime; the client it uses is a blocking one, built off the runtime and used only there, so
-//! a slow or absent collector never holds a request and a shutdown from inside the runtime
-//! cannot wait on the runtime it blocks. A span the processor's queue cannot take is dropped.
+//! runtime; the HTTP client it uses is a blocking one, built off the runtime and used only
+//! there, and the gRPC channel runs on a runtime of its own, so a slow or absent collector never
+//! holds a request and a shutdown from inside the runtime cannot wait on the runtime it blocks.
+//! A span the processor's queue cannot take is dropped.
 //! Must not: read a request, or panic on a setting (a bad one is an [`OtelError`]).
 
-use crate::gateway::config::otel::{check_endpoint, check_protocol, TracingConfig};
+use super::grpc;
+use crate::gateway::config::otel::{check_endpoint, check_protocol, OtlpProtocol, TracingConfig};
 use bytes::Bytes;
 use opentelemetry::InstrumentationScope;
 use opentelemetry_http::{HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanExporter,
+};
 use opentelemetry_sdk::Resource;
 use std::io::Read;
 use std::time::Duration;
@@ -37,8 +42,9 @@ pub enum OtelError {
 /// Where and how the spans are exported.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExportSettings {
-    /// The traces endpoint, used as it is (`…/v1/traces`).
+    /// The traces endpoint, used as it is (`…/v1/traces` over HTTP).
     pub endpoint: String,
+    pub protocol: OtlpProtocol,
     pub service_name: String,
     /// The batch processor's delay between exports; `None`: the SDK's (`OTEL_BSP_SCHEDULE_DELAY`,
     /// else 5 s).
@@ -82,29 +88,33 @@ pub fn resolve(
     if first(None, &["OTEL_SDK_DISABLED"]).is_some_and(|(_, v)| v.eq_ignore_ascii_case("true")) {
         return Ok(None);
     }
-    let endpoint = first(
-        field("tracing.otlp_traces_endpoint", |c| &c.otlp_traces_endpoint),
-        &["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"],
-    )
-    .or_else(|| {
-        // The generic endpoint is a base: the traces' path goes after it.
-        let (k, base) = first(None, &["OTEL_EXPORTER_OTLP_ENDPOINT"])?;
-        Some((k, format!("{}/v1/traces", base.trim_end_matches('/'))))
-    });
-    let Some((from, endpoint)) = endpoint else {
-        return Ok(None);
-    };
-    check_endpoint(&endpoint).map_err(|m| bad((from, m)))?;
-    let protocol = first(
+    let protocol = match first(
         field("tracing.protocol", |c| &c.protocol),
         &[
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
         ],
-    );
-    if let Some((from, p)) = protocol {
-        check_protocol(&p).map_err(|m| bad((from, m)))?;
-    }
+    ) {
+        Some((from, p)) => check_protocol(&p).map_err(|m| bad((from, m)))?,
+        None => OtlpProtocol::HttpProtobuf,
+    };
+    let endpoint = first(
+        field("tracing.otlp_traces_endpoint", |c| &c.otlp_traces_endpoint),
+        &["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"],
+    )
+    .or_else(|| {
+        // The generic endpoint is a base: OTLP/HTTP puts the traces' path after it.
+        let (k, base) = first(None, &["OTEL_EXPORTER_OTLP_ENDPOINT"])?;
+        Some((k, protocol.traces_endpoint(&base)))
+    })
+    .or_else(|| {
+        // A `[tracing]` section is configuration enough: the protocol's default endpoint.
+        cfg.map(|_| ("the default endpoint", protocol.default_endpoint().into()))
+    });
+    let Some((from, endpoint)) = endpoint else {
+        return Ok(None);
+    };
+    check_endpoint(&endpoint).map_err(|m| bad((from, m)))?;
     let service_name = first(
         field("tracing.service_name", |c| &c.service_name),
         &["OTEL_SERVICE_NAME"],
@@ -130,6 +140,7 @@ pub fn resolve(
     };
     Ok(Some(ExportSettings {
         endpoint,
+        protocol,
         service_name,
         schedule_delay: cfg
             .and_then(|c| c.schedule_delay_ms)
@@ -140,14 +151,28 @@ pub fn resolve(
 
 /// The tracer provider exporting to `s` (its batch processor's thread started).
 pub fn build(s: &ExportSettings) -> Result<SdkTracerProvider, OtelError> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(ExportClient::new(s.timeout)?)
-        .with_endpoint(s.endpoint.clone())
-        .with_protocol(Protocol::HttpBinary)
-        .with_timeout(s.timeout)
-        .build()
-        .map_err(|e| OtelError::Build(e.to_string()))?;
+    match s.protocol {
+        OtlpProtocol::HttpProtobuf => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(ExportClient::new(s.timeout)?)
+                .with_endpoint(s.endpoint.clone())
+                .with_protocol(Protocol::HttpBinary)
+                .with_timeout(s.timeout)
+                .build()
+                .map_err(|e| OtelError::Build(e.to_string()))?;
+            Ok(provider(exporter, s))
+        }
+        OtlpProtocol::Grpc => {
+            let exporter =
+                grpc::GrpcExporter::new(&s.endpoint, s.timeout).map_err(OtelError::Build)?;
+            Ok(provider(exporter, s))
+        }
+    }
+}
+
+/// The provider exporting through `exporter` behind a batch processor.
+fn provider(exporter: impl SpanExporter + 'static, s: &ExportSettings) -> SdkTracerProvider {
     let mut batch = BatchConfigBuilder::default();
     if let Some(d) = s.schedule_delay {
         batch = batch.with_scheduled_delay(d);
@@ -158,10 +183,10 @@ pub fn build(s: &ExportSettings) -> Result<SdkTracerProvider, OtelError> {
     let resource = Resource::builder()
         .with_service_name(s.service_name.clone())
         .build();
-    Ok(SdkTracerProvider::builder()
+    SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_resource(resource)
-        .build())
+        .build()
 }
 
 /// The instrumentation scope of the gateway's spans.
@@ -228,18 +253,57 @@ mod tests {
     }
 
     #[test]
-    fn without_an_endpoint_anywhere_tracing_is_off() {
+    fn without_a_section_or_an_endpoint_in_the_environment_tracing_is_off() {
         assert_eq!(resolve(None, env(&[])).unwrap(), None);
-        let only_name = [
+        let no_endpoint = [
             ("OTEL_SERVICE_NAME", "r"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", " "),
         ];
-        assert_eq!(resolve(None, env(&only_name)).unwrap(), None);
+        assert_eq!(resolve(None, env(&no_endpoint)).unwrap(), None);
+    }
+
+    #[test]
+    fn a_section_without_an_endpoint_exports_to_the_protocols_default_endpoint() {
         let cfg = TracingConfig {
             service_name: Some("r".into()),
             ..Default::default()
         };
-        assert_eq!(resolve(Some(&cfg), env(&[])).unwrap(), None);
+        let s = resolve(Some(&cfg), env(&[])).unwrap().unwrap();
+        assert_eq!(
+            (s.endpoint.as_str(), s.protocol),
+            (
+                "http://localhost:4318/v1/traces",
+                OtlpProtocol::HttpProtobuf
+            )
+        );
+        let grpc = [("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")];
+        let s = resolve(Some(&cfg), env(&grpc)).unwrap().unwrap();
+        assert_eq!(
+            (s.endpoint.as_str(), s.protocol),
+            ("http://localhost:4317", OtlpProtocol::Grpc)
+        );
+    }
+
+    #[test]
+    fn over_grpc_the_generic_endpoint_is_used_as_it_is() {
+        let e = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ];
+        let s = resolve(None, env(&e)).unwrap().unwrap();
+        assert_eq!(
+            (s.endpoint.as_str(), s.protocol),
+            ("http://c:4317", OtlpProtocol::Grpc)
+        );
+        // The signal's protocol beats the generic one.
+        let both = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+        ];
+        let s = resolve(None, env(&both)).unwrap().unwrap();
+        assert_eq!(s.endpoint, "http://c:4318/v1/traces");
     }
 
     #[test]
@@ -283,6 +347,7 @@ mod tests {
         ];
         let s = resolve(Some(&cfg), env(&e)).unwrap().unwrap();
         assert_eq!(s.endpoint, "https://file:4318/v1/traces");
+        assert_eq!(s.protocol, OtlpProtocol::HttpProtobuf);
         assert_eq!(s.service_name, "from-file");
         assert_eq!(s.schedule_delay, Some(Duration::from_millis(20)));
         let off = [("OTEL_SDK_DISABLED", "TRUE")];
@@ -291,13 +356,13 @@ mod tests {
 
     #[test]
     fn an_unusable_setting_is_an_error_naming_where_it_came_from() {
-        let grpc = [
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
-            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        let json = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
         ];
-        let e = resolve(None, env(&grpc)).unwrap_err().to_string();
+        let e = resolve(None, env(&json)).unwrap_err().to_string();
         assert!(
-            e.contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") && e.contains("grpc"),
+            e.contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") && e.contains("http/json"),
             "{e}"
         );
         let no_scheme = [("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "c:4318")];
