@@ -9,6 +9,8 @@ pub mod dns;
 pub mod python;
 pub mod wait;
 
+use std::collections::BTreeMap;
+
 #[allow(unused_imports)]
 pub use wait::{none_pending, wait_for, wait_until, WAIT};
 
@@ -220,14 +222,26 @@ pub async fn settle_at(admin: &str, skip: &[&str]) {
 }
 
 /// Waits until the event stream of every simulated worker the gateway at `admin` subscribes to
-/// has joined: the index holds a batch the engine published after the subscription, level with
-/// the engine. A PUB socket drops what it publishes before a subscription reaches it, and a
+/// has joined: a batch the engine published after the subscription took hold reached the index
+/// live. A PUB socket drops what it publishes before a subscription reaches it, and a
 /// subscriber cannot tell when that is; a batch lost that way is only noticed at the next one
-/// (a gap, then a replay). So while a worker's index is not level with a published batch, this
-/// asks its engine for one (`POST /reset_prefix_cache`, which publishes a clear) about every
-/// 100 ms. Use it before the first request on a fresh gateway whose check needs that
+/// (a gap, then a replay). So this asks each engine for batches (`POST /reset_prefix_cache`,
+/// which publishes a clear, about every 100 ms while needed) until its index is level with it,
+/// twice: the first time the subscription's opening replay may have brought the index level
+/// while its subscription had not reached the publisher yet; the second time only a batch that
+/// arrived live can. Use it before the first request on a fresh gateway whose check needs that
 /// request's events; it clears the engines' caches. Fails the test after [`WAIT`].
 pub async fn joined_at(admin: &str) {
+    let first = level_past(admin, &BTreeMap::new()).await;
+    level_past(admin, &first).await;
+}
+
+/// Nudges each subscribed simulated worker until its index is level with its engine at a seq
+/// beyond `past` (per worker name and rank); returns the engines' seqs it ended level with.
+async fn level_past(
+    admin: &str,
+    past: &BTreeMap<(String, usize), u64>,
+) -> BTreeMap<(String, usize), u64> {
     let client = reqwest::Client::new();
     let mut probes = 0u32;
     wait_for(WAIT, "every worker's event stream to join", || {
@@ -250,21 +264,28 @@ pub async fn joined_at(admin: &str) {
             };
             let view = get(format!("http://{admin}/admin/workers")).await?;
             let mut pending = Vec::new();
+            let mut level = BTreeMap::new();
             for w in view["workers"].as_array().into_iter().flatten() {
                 let applied = w["events_next_seq"].as_array().cloned().unwrap_or_default();
                 let url = w["url"].as_str().unwrap_or("").to_string();
+                let name = w["name"].as_str().unwrap_or("").to_string();
                 if applied.is_empty() {
                     continue;
                 }
                 let cache = get(format!("{url}/admin/cache")).await?;
-                let behind = applied.iter().enumerate().any(|(rank, at)| {
-                    let engine = &cache["ranks"][rank]["publisher"]["next_seq"];
-                    engine.as_u64().unwrap_or(0) == 0 || engine != at
-                });
+                let mut behind = false;
+                for (rank, at) in applied.iter().enumerate() {
+                    let engine = cache["ranks"][rank]["publisher"]["next_seq"]
+                        .as_u64()
+                        .unwrap_or(0);
+                    let before = past.get(&(name.clone(), rank)).copied().unwrap_or(0);
+                    behind |= engine <= before || at.as_u64() != Some(engine);
+                    level.insert((name.clone(), rank), engine);
+                }
                 if behind {
                     pending.push(format!(
-                        "{}: index {applied:?}, engine {}",
-                        w["name"], cache["ranks"]
+                        "{name}: index {applied:?}, engine {}",
+                        cache["ranks"]
                     ));
                     if nudge {
                         client
@@ -275,7 +296,7 @@ pub async fn joined_at(admin: &str) {
                     }
                 }
             }
-            none_pending(pending)
+            none_pending(pending).map(|()| level)
         }
     })
     .await
