@@ -24,6 +24,7 @@ use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The admin token the tests give the gateway, as the Secret kvroute-admin would.
@@ -554,6 +555,16 @@ struct Gateway {
     child: Child,
     front: String,
     admin: String,
+    /// Everything the process wrote to stderr so far (shown when a check fails).
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Gateway {
+    /// The last `n` lines the gateway logged.
+    fn log_tail(&self, n: usize) -> String {
+        let lines = self.log.lock().map(|l| l.clone()).unwrap_or_default();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
 }
 
 impl Drop for Gateway {
@@ -574,8 +585,13 @@ fn start_gateway(args: &[String], extra: &[&str]) -> Gateway {
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept = log.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(mut kept) = kept.lock() {
+                kept.push(line.clone());
+            }
             if let Some(rest) = line.strip_prefix("kvroute listening on http://") {
                 let front = rest.split_whitespace().next().unwrap_or("").to_string();
                 let admin = rest.split("admin http://").nth(1).unwrap_or("");
@@ -590,6 +606,7 @@ fn start_gateway(args: &[String], extra: &[&str]) -> Gateway {
         child,
         front,
         admin,
+        log,
     }
 }
 
@@ -788,7 +805,8 @@ async fn the_configmap_discovers_the_headless_service_s_pods_by_srv_records_and_
         }
         assert!(
             Instant::now() < deadline,
-            "the pod's events never arrived: {v}"
+            "the pod's events never arrived: {v}\nthe gateway's log:\n{}",
+            gw.log_tail(60)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
