@@ -221,8 +221,8 @@ pub async fn settle_at(admin: &str, skip: &[&str]) {
     .await
 }
 
-/// Waits until the event stream of every simulated worker the gateway at `admin` subscribes to
-/// has joined: a batch the engine published after the subscription took hold reached the index
+/// Waits until the event stream of every worker of the gateway at `admin` (each a simulated
+/// engine with events; one whose subscription has not started yet is waited for) has joined: a batch the engine published after the subscription took hold reached the index
 /// live. A PUB socket drops what it publishes before a subscription reaches it, and a
 /// subscriber cannot tell when that is; a batch lost that way is only noticed at the next one
 /// (a gap, then a replay). So this asks each engine for batches (`POST /reset_prefix_cache`,
@@ -270,6 +270,8 @@ async fn level_past(
                 let url = w["url"].as_str().unwrap_or("").to_string();
                 let name = w["name"].as_str().unwrap_or("").to_string();
                 if applied.is_empty() {
+                    // Its subscriptions have not started yet (every worker here has events).
+                    pending.push(format!("{name}: not subscribed yet"));
                     continue;
                 }
                 let cache = get(format!("{url}/admin/cache")).await?;
