@@ -154,10 +154,8 @@ fn config(a: &SimWorkerArgs) -> Result<WorkerConfig> {
     cfg.lora_modules = a.lora_modules.clone();
     cfg.kv_transfer = a.kv_transfer_config.clone();
     if let Some(url) = &a.otlp_traces_endpoint {
-        reqwest::Url::parse(url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
-            .with_context(|| format!("--otlp-traces-endpoint `{url}` is not an http(s) URL"))?;
+        kvroute::gateway::config::otel::check_endpoint(url)
+            .map_err(|e| anyhow::anyhow!("--otlp-traces-endpoint: {e}"))?;
     }
     cfg.otlp_traces_endpoint = a.otlp_traces_endpoint.clone();
     if let Some(name) = &a.served_model_name {

@@ -165,18 +165,11 @@ print("ok")
         .await;
     assert!(plain.is_err() || !plain.unwrap().status().is_success());
     // The client may see the refusal before the listener's task has counted it.
-    common::wait_for(common::WAIT, "the failed handshake counted", || async {
-        let text = common::admin_metrics(&gw).await;
-        let failed = metric(
-            &text,
-            "kvroute_tls_handshake_failures_total{listener=\"front\"}",
-        );
-        if failed >= 1.0 {
-            Ok(())
-        } else {
-            Err(format!("{failed} handshake failures counted"))
-        }
-    })
+    common::wait_for_metric(
+        &format!("http://{}/metrics", gw.admin_addr),
+        "kvroute_tls_handshake_failures_total{listener=\"front\"}",
+        1.0,
+    )
     .await;
     let again = client(&ca.pem, None)
         .get(format!("https://127.0.0.1:{}/health/live", gw.addr.port()))
@@ -217,37 +210,14 @@ async fn admin_with_client_certificates_refuses_a_missing_and_a_wrong_one_and_ac
     assert_eq!(right.status(), 200);
     // Both refusals are counted (each by its connection's task, which may finish after the
     // client saw the refusal); the front listener stayed plain HTTP.
-    common::wait_for(common::WAIT, "both refused handshakes counted", || async {
-        let text = reqwest::get(format!("http://{}/metrics", gw.addr))
-            .await
-            .map_err(|e| e.to_string())?
-            .text()
-            .await
-            .map_err(|e| e.to_string())?;
-        let failed = metric(
-            &text,
-            "kvroute_tls_handshake_failures_total{listener=\"admin\"}",
-        );
-        if failed >= 2.0 {
-            Ok(())
-        } else {
-            Err(format!("{failed} handshake failures counted"))
-        }
-    })
+    common::wait_for_metric(
+        &format!("http://{}/metrics", gw.addr),
+        "kvroute_tls_handshake_failures_total{listener=\"admin\"}",
+        2.0,
+    )
     .await;
     gw.shutdown().await;
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// The peers' messages reaching `gw` (its `kvroute_peers_heard`), read on its plain front.
-async fn peers_heard(gw: &GatewayHandle) -> Result<f64, String> {
-    let text = reqwest::get(format!("http://{}/metrics", gw.addr))
-        .await
-        .map_err(|e| e.to_string())?
-        .text()
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(metric(&text, "kvroute_peers_heard"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,21 +237,25 @@ async fn a_replica_reaches_a_peer_whose_admin_requires_client_certificates_with_
     cfg.peers.urls = vec![peer_url.clone()];
     cfg.engine_ca_file = Some(dir.join("ca.pem"));
     let anonymous = start(cfg).await;
-    common::wait_for(
-        common::WAIT,
-        "the anonymous replica's posts refused",
-        || async {
-            let text = common::admin_metrics(&anonymous).await;
-            // The counter appears with its first failed batch.
-            let failed = "kvroute_peer_batches_total{outcome=\"failed\"}";
-            match common::metric_if_present(&text, failed) {
-                Some(n) if n >= 1.0 => Ok(()),
-                seen => Err(format!("failed batches: {seen:?}")),
-            }
-        },
+    // The counter appears with its first failed batch.
+    common::wait_for_metric(
+        &format!("http://{}/metrics", anonymous.admin_addr),
+        "kvroute_peer_batches_total{outcome=\"failed\"}",
+        1.0,
     )
     .await;
-    assert_eq!(peers_heard(&guarded).await, Ok(0.0), "nobody got through");
+    let heard = |gw: &GatewayHandle| format!("http://{}/metrics", gw.addr);
+    let text = reqwest::get(heard(&guarded))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&text, "kvroute_peers_heard"),
+        0.0,
+        "nobody got through"
+    );
     anonymous.shutdown().await;
 
     // With `[peers.tls]`: its certificate, issued by the CA the peer's admin trusts.
@@ -296,13 +270,7 @@ async fn a_replica_reaches_a_peer_whose_admin_requires_client_certificates_with_
         ca_file: Some(dir.join("ca.pem")),
     });
     let replica = start(cfg).await;
-    common::wait_for(common::WAIT, "the peer to hear the replica", || async {
-        match peers_heard(&guarded).await? {
-            n if n >= 1.0 => Ok(()),
-            n => Err(format!("{n} peers heard")),
-        }
-    })
-    .await;
+    common::wait_for_metric(&heard(&guarded), "kvroute_peers_heard", 1.0).await;
 
     // A key file that does not read: the replica does not start, naming the field.
     let mut cfg = common::gateway_config(Vec::new());

@@ -157,47 +157,25 @@ pub async fn reload_with(
     if new.admin_tls.is_some() != old.admin_tls.is_some() {
         new.admin_tls = old.admin_tls.clone();
     }
-    if let Err(reason) = new.validate() {
+    // A part of the new configuration that does not validate or read rejects the whole of it.
+    let refuse = |reason: String| {
         let e = ReloadError::Invalid {
             path: "the new configuration".into(),
             reason,
         };
         rejected(state, &e);
-        return Err(e);
-    }
+        e
+    };
+    new.validate().map_err(refuse)?;
     // The certificates and keys, read again (rotated on disk, say), not yet in use.
-    let tls = match state.tls.prepare(&new) {
-        Ok(t) => t,
-        Err(reason) => {
-            let e = ReloadError::Invalid {
-                path: "the new configuration".into(),
-                reason,
-            };
-            rejected(state, &e);
-            return Err(e);
-        }
-    };
+    let tls = state.tls.prepare(&new).map_err(refuse)?;
     // The peers' client certificate, read again: before anything changes.
-    let peer_client = match tls::peer_client(&new, &state.client) {
-        Ok(c) => c,
-        Err(reason) => {
-            let e = ReloadError::Invalid {
-                path: "the new configuration".into(),
-                reason,
-            };
-            rejected(state, &e);
-            return Err(e);
-        }
-    };
+    let peer_client = tls::peer_client(&new, &state.client).map_err(refuse)?;
     // The one part that can still fail (key files are read again): before anything changes.
-    if let Err(e) = state.tenants.replace(&new.tenants) {
-        let e = ReloadError::Invalid {
-            path: "the new configuration".into(),
-            reason: e.to_string(),
-        };
-        rejected(state, &e);
-        return Err(e);
-    }
+    state
+        .tenants
+        .replace(&new.tenants)
+        .map_err(|e| refuse(e.to_string()))?;
     apply_reload(state, &old, new, peer_client, &mut report).await;
     report.tls_reloaded = tls.commit();
     state

@@ -96,6 +96,26 @@ pub fn metric_if_present(text: &str, line_start: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Waits until the sample `line_start` of the Prometheus text at `url` is at least `at_least`
+/// (a counter a connection's or sender's task increments after the client saw the outcome; one
+/// that appears at its first count is waited for too). Fails the test after [`WAIT`].
+pub async fn wait_for_metric(url: &str, line_start: &str, at_least: f64) {
+    let what = format!("{line_start} to reach {at_least}");
+    wait_for(WAIT, &what, || async {
+        let text = reqwest::get(url)
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        match metric_if_present(&text, line_start) {
+            Some(v) if v >= at_least => Ok(()),
+            seen => Err(format!("{line_start}: {seen:?}")),
+        }
+    })
+    .await
+}
+
 /// The admin view of the workers (`GET /admin/workers`).
 pub async fn admin_workers(gw: &GatewayHandle) -> serde_json::Value {
     reqwest::get(format!("http://{}/admin/workers", gw.admin_addr))

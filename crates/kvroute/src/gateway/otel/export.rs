@@ -88,6 +88,18 @@ pub fn resolve(
     if first(None, &["OTEL_SDK_DISABLED"]).is_some_and(|(_, v)| v.eq_ignore_ascii_case("true")) {
         return Ok(None);
     }
+    // Off without a `[tracing]` section or an endpoint in the environment, whatever else the
+    // environment holds (another program's protocol setting does not stop a start).
+    let env_endpoint = first(
+        None,
+        &[
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ],
+    );
+    if cfg.is_none() && env_endpoint.is_none() {
+        return Ok(None);
+    }
     let protocol = match first(
         field("tracing.protocol", |c| &c.protocol),
         &[
@@ -98,7 +110,7 @@ pub fn resolve(
         Some((from, p)) => check_protocol(&p).map_err(|m| bad((from, m)))?,
         None => OtlpProtocol::HttpProtobuf,
     };
-    let endpoint = first(
+    let (from, endpoint) = first(
         field("tracing.otlp_traces_endpoint", |c| &c.otlp_traces_endpoint),
         &["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"],
     )
@@ -107,13 +119,8 @@ pub fn resolve(
         let (k, base) = first(None, &["OTEL_EXPORTER_OTLP_ENDPOINT"])?;
         Some((k, protocol.traces_endpoint(&base)))
     })
-    .or_else(|| {
-        // A `[tracing]` section is configuration enough: the protocol's default endpoint.
-        cfg.map(|_| ("the default endpoint", protocol.default_endpoint().into()))
-    });
-    let Some((from, endpoint)) = endpoint else {
-        return Ok(None);
-    };
+    // Else a `[tracing]` section is configuration enough: the protocol's default endpoint.
+    .unwrap_or_else(|| ("the default endpoint", protocol.default_endpoint().into()));
     check_endpoint(&endpoint).map_err(|m| bad((from, m)))?;
     let service_name = first(
         field("tracing.service_name", |c| &c.service_name),
@@ -261,6 +268,9 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", " "),
         ];
         assert_eq!(resolve(None, env(&no_endpoint)).unwrap(), None);
+        // A protocol this build cannot export with is no error while tracing is off.
+        let json = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
+        assert_eq!(resolve(None, env(&json)).unwrap(), None);
     }
 
     #[test]
