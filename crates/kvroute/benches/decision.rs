@@ -96,7 +96,11 @@ fn main() {
                 req.extend(tokens(i as u64 + 77, 64));
                 req
             });
-            time_decisions(&registry, policy, policy.name(), requests);
+            let times = time_decisions(&registry, policy, policy.name(), requests);
+            if cache_tokens > 0 && policy != PolicyKind::LeastLoad {
+                // Past the first round every request repeats a prefix the cache was given.
+                report("  repeats", times[workers..].to_vec());
+            }
         }
         // Prompts never seen (no reuse at all; hybrid-aware): what keeping their blocks costs
         // (the cache starts a new generation about every 127 of them).
@@ -120,13 +124,14 @@ fn main() {
     );
 }
 
-/// Times one decision per request and prints p50, p99 and max.
+/// Times one decision per request, prints p50, p99 and max, and returns the times in the
+/// requests' order (µs).
 fn time_decisions(
     registry: &Registry,
     policy: PolicyKind,
     label: &str,
     requests: impl Iterator<Item = Vec<u32>>,
-) {
+) -> Vec<f64> {
     let workers = registry.all();
     let weights = PolicyWeights::default();
     let mut times = Vec::new();
@@ -141,6 +146,12 @@ fn time_decisions(
         times.push(t.elapsed().as_secs_f64() * 1e6);
         assert!(!r.order.is_empty());
     }
+    report(label, times.clone());
+    times
+}
+
+/// Prints p50, p99 and max of `times` (µs).
+fn report(label: &str, mut times: Vec<f64>) {
     times.sort_by(f64::total_cmp);
     let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
     println!(

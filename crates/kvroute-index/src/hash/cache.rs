@@ -6,9 +6,14 @@
 //! is looked up instead of serialized and hashed again.
 //!
 //! Owns: (algorithm, lookahead count, parent digest, tokens and lookahead tokens) → digest for
-//! blocks without extra keys, each in a slot keyed by a fast hash of its whole prefix (the
-//! lookahead count in the first key), under one lock; the count of tokens kept (a block's
-//! lookahead tokens are kept and counted with it).
+//! blocks without extra keys, kept in *runs*: a request's new blocks are appended in order, so
+//! a kept block's child usually sits right after it and a lookup walks a prefix sequentially
+//! (no table probe per block). A block kept anywhere else — the first of a request's new
+//! blocks, the first after a prefix other requests share — starts a run and is found through a
+//! slot keyed by a fast hash of its whole prefix (the lookahead count in the first key); every
+//! entry keeps its own slot key so the next one is computed without rehashing the prefix. All
+//! under one lock, with the count of tokens kept (a block's lookahead tokens are kept and
+//! counted with it).
 //! When a request's new blocks would pass the bound, everything is dropped and filling starts
 //! over with that request's blocks (a new generation: simple, and hot prefixes come back with
 //! the next request that uses them). The lock is a leaf: taken under the index's locks,
@@ -16,17 +21,18 @@
 //! Invariants: an entry's digest is exactly what `BlockHasher` computes for its algorithm,
 //! parent, tokens and lookahead tokens with no extra keys (entries are only made from that); a
 //! lookup answers only on equal algorithm, lookahead count, parent and tokens with lookahead
-//! tokens (the 64-bit slot key picks the slot, never the answer), so a lookahead block is
-//! never answered by a block hashed without lookahead or with another count; the tokens kept
-//! never pass the bound, itself at most `MAX_TOKENS_LIMIT` (arena offsets are 32-bit); `chain`
-//! returns exactly `BlockHasher::chain_lookahead`.
+//! tokens (neither a slot key nor a neighbour's position picks the answer, only the check), so
+//! a lookahead block is never answered by a block hashed without lookahead or with another
+//! count; a position found under the read lock is used under the write lock only within the
+//! same generation; the tokens kept never pass the bound, itself at most `MAX_TOKENS_LIMIT`
+//! (arena offsets are 32-bit); `chain` returns exactly `BlockHasher::chain_lookahead`.
 //! Must not: keep a block with extra keys (a salted request's first block, any LoRA block),
-//! answer from a slot key alone, or hold its lock while hashing a block it will keep.
+//! answer from a slot key or a position alone, or hold its lock while hashing a block it will
+//! keep.
 
 use super::{hashable_blocks, BlockExtras, BlockHasher, Digest, HashAlgo};
 use crate::holder::MixBuild;
 use parking_lot::RwLock;
-use std::collections::hash_map::Entry::{Occupied, Vacant};
 use std::collections::HashMap;
 
 /// Tokens the index's cache keeps by default: 4 MiB of token ids, about 11 MB in all at
@@ -43,45 +49,98 @@ struct Entry {
     lookahead: u16,
     parent: Digest,
     digest: Digest,
+    /// The block's slot key (its whole prefix's), whether or not a slot points here.
+    key: u64,
     at: u32,
     len: u32,
 }
 
 #[derive(Default)]
 struct Inner {
-    /// Slot key → index in `entries` (a small slot, so a miss probes a small table).
+    /// Slot key → index in `entries`, for the blocks that start a run (a small slot, so a
+    /// miss probes a small table).
     map: HashMap<u64, u32, MixBuild>,
-    /// Kept blocks in the order kept (a slot taken over leaves its old entry behind until the
-    /// generation ends).
+    /// Kept blocks in the order kept: a block that does not start a run follows the entry of
+    /// its parent.
     entries: Vec<Entry>,
-    /// Every kept block's tokens, appended (a slot taken over leaves its old tokens behind
-    /// until the generation ends); its length is what the bound counts.
+    /// Every kept block's tokens, appended; its length is what the bound counts.
     arena: Vec<u32>,
+    /// Counts the tables' clearings, so a position found before a clearing is not used after.
+    generation: u64,
 }
 
 impl Entry {
     /// Whether this is the block (algorithm, lookahead count, parent, tokens followed by the
     /// lookahead tokens): the only test an answer passes.
-    fn is(
-        &self,
-        arena: &[u32],
-        algo: HashAlgo,
-        lookahead: u16,
-        parent: &Digest,
-        span: &[u32],
-    ) -> bool {
+    fn is(&self, arena: &[u32], block: &Block<'_>) -> bool {
         let at = self.at as usize;
-        self.algo == algo
-            && self.lookahead == lookahead
-            && self.parent == *parent
-            && arena.get(at..at + self.len as usize) == Some(span)
+        self.algo == block.algo
+            && self.lookahead == block.lookahead
+            && self.parent == *block.parent
+            && arena.get(at..at + self.len as usize) == Some(block.span)
     }
 }
 
+/// One block as a lookup or a keep looks for it.
+struct Block<'a> {
+    algo: HashAlgo,
+    lookahead: u16,
+    parent: &'a Digest,
+    /// Its tokens followed by its lookahead tokens.
+    span: &'a [u32],
+}
+
 impl Inner {
-    fn entry(&self, key: u64) -> Option<&Entry> {
-        self.entries.get(*self.map.get(&key)? as usize)
+    /// Where `block` is kept, given where its parent is (`None` for a request's first kept
+    /// block, whose slot key is computed from `seed`): right after the parent, else in the
+    /// slot of its key.
+    fn find(&self, parent_at: Option<usize>, seed: &Seed, block: &Block<'_>, mask: u64) -> Found {
+        if let Some(next) = parent_at.map(|p| p + 1) {
+            if self
+                .entries
+                .get(next)
+                .is_some_and(|e| e.is(&self.arena, block))
+            {
+                return Found::At(next);
+            }
+        }
+        let key = match parent_at.and_then(|p| self.entries.get(p)) {
+            Some(parent) => slot_key(parent.key, None, block.span),
+            None => slot_key(seed.key, Some(&seed.anchor), block.span),
+        };
+        match self.map.get(&(key & mask)) {
+            Some(&at)
+                if self
+                    .entries
+                    .get(at as usize)
+                    .is_some_and(|e| e.is(&self.arena, block)) =>
+            {
+                Found::At(at as usize)
+            }
+            _ => Found::Missing(key),
+        }
     }
+}
+
+/// Where a block is kept, or the slot key it would be kept under.
+enum Found {
+    At(usize),
+    Missing(u64),
+}
+
+/// What a request's first kept block's slot key starts from: the algorithm and lookahead count,
+/// and the digest it chains on.
+struct Seed {
+    key: u64,
+    anchor: Digest,
+}
+
+/// How far a lookup got: its generation, the position of the last block it found (`None`: no
+/// block found) and the first block it did not find.
+struct Reached {
+    generation: u64,
+    last: Option<usize>,
+    first_new: usize,
 }
 
 /// What one `chain` call did, for the index's counters.
@@ -104,6 +163,29 @@ pub struct DigestCache {
 impl Default for DigestCache {
     fn default() -> Self {
         DigestCache::new(DEFAULT_MAX_TOKENS)
+    }
+}
+
+/// A request's blocks as `chain` sees them: each with its lookahead tokens, from its first
+/// keepable block on.
+struct Request<'a> {
+    spans: Vec<&'a [u32]>,
+    /// The first block that may be kept (1 after a salted first block, else 0).
+    first: usize,
+    seed: Seed,
+    algo: HashAlgo,
+    lookahead: u16,
+}
+
+impl Request<'_> {
+    /// Block `i` whose parent's digest is `parent`.
+    fn block<'b>(&'b self, i: usize, parent: &'b Digest) -> Block<'b> {
+        Block {
+            algo: self.algo,
+            lookahead: self.lookahead,
+            parent,
+            span: self.spans[i],
+        }
     }
 }
 
@@ -131,12 +213,10 @@ impl DigestCache {
     /// tokens: `hasher.chain_lookahead(tokens, block, extras, lookahead)`, with the blocks seen
     /// before looked up.
     ///
-    /// A lookup keyed by the parent's digest would wait for the previous lookup (a cache miss
-    /// each, slower than hashing). So each block's slot is keyed by a fast hash of the whole
-    /// prefix up to it (computed without the digests), every slot is fetched independently,
-    /// and the entries found are then checked in order against the digests (the parent, the
-    /// tokens, the algorithm: exact, whatever the slot key). From the first miss on, blocks
-    /// are hashed without a lock, then kept (`keep`).
+    /// The lookup walks the request's blocks in order: each is checked first against the entry
+    /// right after its parent's (sequential memory, no hashing of the prefix), then in the
+    /// slot of its prefix's key. From the first miss on, blocks are hashed without a lock,
+    /// then kept (`keep`).
     pub fn chain(
         &self,
         hasher: &BlockHasher,
@@ -155,145 +235,145 @@ impl DigestCache {
         };
         let algo = hasher.algo();
         // Each block with its lookahead tokens (all of them exist: only hashable blocks).
-        let blocks: Vec<&[u32]> = (0..hashable_blocks(tokens.len(), block, lookahead))
+        let spans: Vec<&[u32]> = (0..hashable_blocks(tokens.len(), block, lookahead))
             .map(|i| &tokens[i * block..(i + 1) * block + lookahead])
             .collect();
         let hash = |parent: Option<&Digest>, span: &[u32], i: usize| {
             let (own, after) = span.split_at(block);
             hasher.hash_block_lookahead(parent, own, extras, i, after)
         };
-        let mut out: Vec<Digest> = Vec::with_capacity(blocks.len());
+        let mut out: Vec<Digest> = Vec::with_capacity(spans.len());
         let mut used = CacheUse::default();
         // A salted first block carries its salt: hashed every time, never kept; the blocks
         // after it chain on its digest.
         let first = usize::from(extras.cache_salt.is_some());
         if first == 1 {
-            if let Some(span) = blocks.first() {
+            if let Some(span) = spans.first() {
                 out.push(hash(None, span, 0));
                 used.hashed += 1;
             }
         }
         let anchor = *out.last().unwrap_or(hasher.none_hash());
-        // Each key chains on the whole key before it; the mask narrows only the slot.
-        let mut keys: Vec<u64> = Vec::with_capacity(blocks.len());
-        for span in blocks.iter().skip(first) {
-            keys.push(match keys.last() {
-                None => slot_key(algo as u64 | (u64::from(look) << 8), Some(&anchor), span),
-                Some(k) => slot_key(*k, None, span),
-            });
-        }
-        {
-            let inner = self.inner.read();
-            // Fetched a batch at a time: the fetches of a batch overlap, and a request whose
-            // first block is new costs one batch, not a probe per block.
-            const BATCH: usize = 16;
-            let mut todo = blocks.iter().skip(first).zip(&keys).peekable();
-            'batches: while todo.peek().is_some() {
-                let batch: Vec<(&&[u32], Option<&Entry>)> = todo
-                    .by_ref()
-                    .take(BATCH)
-                    .map(|(chunk, k)| (chunk, inner.entry(k & self.key_mask)))
-                    .collect();
-                for (chunk, e) in batch {
-                    let parent = out.last().unwrap_or(hasher.none_hash());
-                    match e {
-                        Some(e) if e.is(&inner.arena, algo, look, parent, chunk) => {
-                            out.push(e.digest);
-                            used.hits += 1;
-                        }
-                        _ => break 'batches,
-                    }
-                }
-            }
-        }
-        let first_new = out.len();
-        for (i, span) in blocks.iter().enumerate().skip(first_new) {
+        let req = Request {
+            spans,
+            first,
+            seed: Seed {
+                key: algo as u64 | (u64::from(look) << 8),
+                anchor,
+            },
+            algo,
+            lookahead: look,
+        };
+        let reached = self.look_up(&req, hasher, &mut out);
+        used.hits = out.len().saturating_sub(first) as u64;
+        for (i, span) in req.spans.iter().enumerate().skip(reached.first_new) {
             let d = hash(out.last(), span, i);
             out.push(d);
             used.hashed += 1;
         }
-        if first_new < blocks.len() {
-            self.keep(&blocks, &out, &keys, first, first_new, anchor, (algo, look));
+        if reached.first_new < req.spans.len() {
+            self.keep(&req, &out, reached);
         }
         (out, used)
     }
 
-    /// Keeps the blocks of a request (each with its lookahead tokens) from `first_new` on (its
-    /// first kept block is `first`), hashed under `(algorithm, lookahead count)`.
-    /// Skipped when another request is keeping its own (the cache only saves work; a request
-    /// must not queue for it). When the new blocks do not fit, a new generation starts and the
-    /// request's leading blocks are kept again from `first`, as many as fit, so its kept
+    /// Appends to `out` the digests of the request's blocks found, in order from its first
+    /// keepable block, up to the first one not kept.
+    fn look_up(&self, req: &Request<'_>, hasher: &BlockHasher, out: &mut Vec<Digest>) -> Reached {
+        let inner = self.inner.read();
+        let mut last = None;
+        for i in req.first..req.spans.len() {
+            let parent = *out.last().unwrap_or(hasher.none_hash());
+            match inner.find(last, &req.seed, &req.block(i, &parent), self.key_mask) {
+                Found::At(at) => {
+                    out.push(inner.entries[at].digest);
+                    last = Some(at);
+                }
+                Found::Missing(_) => break,
+            }
+        }
+        Reached {
+            generation: inner.generation,
+            last,
+            first_new: out.len(),
+        }
+    }
+
+    /// Keeps the request's blocks from the first its lookup did not find (from its first
+    /// keepable block when the tables were cleared since), skipping any another request kept
+    /// meanwhile. Skipped when another request is keeping its own (the cache only saves work;
+    /// a request must not queue for it). When the new blocks do not fit, a new generation
+    /// starts and the request's leading blocks are kept again, as many as fit, so its kept
     /// prefix stays reachable from its first block.
-    #[allow(clippy::too_many_arguments)]
-    fn keep(
-        &self,
-        blocks: &[&[u32]],
-        out: &[Digest],
-        keys: &[u64],
-        first: usize,
-        first_new: usize,
-        anchor: Digest,
-        (algo, lookahead): (HashAlgo, u16),
-    ) {
+    fn keep(&self, req: &Request<'_>, out: &[Digest], reached: Reached) {
         let Some(mut inner) = self.inner.try_write() else {
             return;
         };
-        let new: usize = blocks[first_new..].iter().map(|c| c.len()).sum();
-        let from = if inner.arena.len() + new > self.max_tokens {
+        let (mut from, mut last) = if inner.generation == reached.generation {
+            (reached.first_new, reached.last)
+        } else {
+            (req.first, None)
+        };
+        let new: usize = req.spans[from..].iter().map(|c| c.len()).sum();
+        if inner.arena.len() + new > self.max_tokens {
             // A new generation; the tables keep their room.
             inner.map.clear();
             inner.entries.clear();
             inner.arena.clear();
-            first
-        } else {
-            first_new
-        };
+            inner.generation += 1;
+            (from, last) = (req.first, None);
+        }
         if inner.map.capacity() == 0 {
             // Room for a whole generation at once (up to 131,072 blocks): no growth and no
             // rehash on the way, whose pause would land on one unlucky request.
-            let room = (self.max_tokens / blocks[0].len().max(1)).min(1 << 17);
+            let room = (self.max_tokens / req.spans[0].len().max(1)).min(1 << 17);
             inner.map.reserve(room);
             inner.entries.reserve(room);
             inner.arena.reserve(self.max_tokens.min(DEFAULT_MAX_TOKENS));
         }
-        let Inner {
-            map,
-            entries,
-            arena,
-        } = &mut *inner;
-        for (i, chunk) in blocks.iter().enumerate().skip(from) {
-            if arena.len() + chunk.len() > self.max_tokens {
+        for i in from..req.spans.len() {
+            let span = req.spans[i];
+            if inner.arena.len() + span.len() > self.max_tokens {
                 // Only a leading part of this request fits in one generation.
                 break;
             }
-            let parent = if i == 0 { anchor } else { out[i - 1] };
-            let entry = Entry {
-                algo,
-                lookahead,
+            let parent = if i == req.first {
+                req.seed.anchor
+            } else {
+                out[i - 1]
+            };
+            let block = req.block(i, &parent);
+            let key = match inner.find(last, &req.seed, &block, self.key_mask) {
+                Found::At(at) => {
+                    // Kept already (another request with this prefix got here first).
+                    last = Some(at);
+                    continue;
+                }
+                Found::Missing(key) => key,
+            };
+            let Inner {
+                map,
+                entries,
+                arena,
+                ..
+            } = &mut *inner;
+            let at = entries.len();
+            if last.map(|p| p + 1) != Some(at) {
+                // Not right after its parent: a run starts here (a slot another prefix shares
+                // goes to the newer block).
+                map.insert(key & self.key_mask, at as u32);
+            }
+            entries.push(Entry {
+                algo: req.algo,
+                lookahead: req.lookahead,
                 parent,
                 digest: out[i],
+                key,
                 at: arena.len() as u32,
-                len: chunk.len() as u32,
-            };
-            let at = entries.len() as u32;
-            match map.entry(keys[i - first] & self.key_mask) {
-                Occupied(mut slot) => {
-                    let kept = entries
-                        .get(*slot.get() as usize)
-                        .is_some_and(|e| e.is(arena, algo, lookahead, &parent, chunk));
-                    if kept {
-                        // Kept already (another request with this prefix got here first).
-                        continue;
-                    }
-                    // A key shared by another prefix: the newer block takes the slot.
-                    slot.insert(at);
-                }
-                Vacant(slot) => {
-                    slot.insert(at);
-                }
-            }
-            arena.extend_from_slice(chunk);
-            entries.push(entry);
+                len: span.len() as u32,
+            });
+            arena.extend_from_slice(span);
+            last = Some(at);
         }
     }
 
@@ -480,6 +560,45 @@ mod tests {
             },
             "all but the salted block"
         );
+    }
+
+    /// Requests branching off one another's kept blocks: each branch starts a run found
+    /// through its slot, and every request's whole kept prefix is found again, whichever
+    /// request kept each part.
+    #[test]
+    fn branches_of_a_kept_prefix_are_all_found_again() {
+        let cache = DigestCache::default();
+        let hasher = BlockHasher::new(HashAlgo::Sha256, "vllm-none-hash");
+        let plain = BlockExtras::default();
+        let stem: Vec<u32> = (0..32).collect();
+        let with = |tail: &[u32]| {
+            let mut t = stem.clone();
+            t.extend_from_slice(tail);
+            t
+        };
+        let (a, b) = (with(&[1, 1, 1, 1, 2, 2, 2, 2]), with(&[3, 3, 3, 3]));
+        assert_eq!(cache.chain(&hasher, &a, 4, &plain, 0).1.hashed, 10);
+        // B shares A's eight stem blocks, then starts a run of its own.
+        let (_, used) = cache.chain(&hasher, &b, 4, &plain, 0);
+        assert_eq!(used, CacheUse { hits: 8, hashed: 1 });
+        // B's continuation walks A's run, then B's, then hashes its new block.
+        let b2 = [&b[..], &[4, 4, 4, 4]].concat();
+        let (chain, used) = cache.chain(&hasher, &b2, 4, &plain, 0);
+        assert_eq!(used, CacheUse { hits: 9, hashed: 1 });
+        assert_eq!(chain, hasher.chain(&b2, 4, &plain));
+        // A again, and A's first branch block followed by B's tail: found up to where it
+        // leaves every kept run.
+        assert_eq!(
+            cache.chain(&hasher, &a, 4, &plain, 0).1,
+            CacheUse {
+                hits: 10,
+                hashed: 0
+            }
+        );
+        let mixed = with(&[1, 1, 1, 1, 3, 3, 3, 3]);
+        let (chain, used) = cache.chain(&hasher, &mixed, 4, &plain, 0);
+        assert_eq!(used, CacheUse { hits: 9, hashed: 1 });
+        assert_eq!(chain, hasher.chain(&mixed, 4, &plain));
     }
 
     #[test]
