@@ -245,12 +245,7 @@ async fn a_replica_reaches_a_peer_whose_admin_requires_client_certificates_with_
     )
     .await;
     let heard = |gw: &GatewayHandle| format!("http://{}/metrics", gw.addr);
-    let text = reqwest::get(heard(&guarded))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::metrics_at(&heard(&guarded)).await;
     assert_eq!(
         metric(&text, "kvroute_peers_heard"),
         0.0,

@@ -72,12 +72,12 @@ pub async fn post_completion(
 
 /// The admin listener's Prometheus text.
 pub async fn admin_metrics(gw: &GatewayHandle) -> String {
-    reqwest::get(format!("http://{}/metrics", gw.admin_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    metrics_at(&format!("http://{}/metrics", gw.admin_addr)).await
+}
+
+/// The Prometheus text a plain-HTTP `/metrics` URL serves.
+pub async fn metrics_at(url: &str) -> String {
+    reqwest::get(url).await.unwrap().text().await.unwrap()
 }
 
 /// The value of the first sample in Prometheus `text` whose line starts with `line_start` (a
