@@ -241,16 +241,17 @@ pub async fn settle_at(admin: &str, skip: &[&str]) {
     .await
 }
 
-/// Waits until the event stream of every worker of the gateway at `admin` (each a simulated
-/// engine with events; one whose subscription has not started yet is waited for) has joined: a batch the engine published after the subscription took hold reached the index
-/// live. A PUB socket drops what it publishes before a subscription reaches it, and a
-/// subscriber cannot tell when that is; a batch lost that way is only noticed at the next one
-/// (a gap, then a replay). So this asks each engine for batches (`POST /reset_prefix_cache`,
-/// which publishes a clear, about every 100 ms while needed) until its index is level with it,
-/// twice: the first time the subscription's opening replay may have brought the index level
-/// while its subscription had not reached the publisher yet; the second time only a batch that
-/// arrived live can. Use it before the first request on a fresh gateway whose check needs that
-/// request's events; it clears the engines' caches. Fails the test after [`WAIT`].
+/// Waits until the event stream of every worker of the gateway at `admin` (each a simulated engine
+/// with events; one whose subscription has not started yet is waited for) has joined: a batch the
+/// engine published after the subscription took hold reached the index live. A PUB socket drops
+/// what it publishes before a subscription reaches it, and a subscriber cannot tell when that is; a
+/// batch lost that way is only noticed at the next one (a gap, then a replay). So this asks each
+/// engine for batches (`POST /reset_prefix_cache`, which publishes a clear, about every 100 ms
+/// while needed) until its index is level with it, twice: the first time the subscription's opening
+/// replay may have brought the index level while its subscription had not reached the publisher
+/// yet; the second time only a batch that arrived live can. Use it before the first request on a
+/// fresh gateway whose check needs that request's events; it clears the engines' caches. Fails the
+/// test after [`WAIT`].
 pub async fn joined_at(admin: &str) {
     let first = level_past(admin, &BTreeMap::new()).await;
     level_past(admin, &first).await;
