@@ -72,6 +72,10 @@ fn main() {
     // first round of 64 requests: each continues one worker's prompt with 64 new tokens).
     // The default cache holds about a million tokens; a fleet whose prompts outgrow it is also
     // timed with a cache that holds them all (`digest_cache_tokens`).
+    // `KVROUTE_BENCH_POLICIES` (names joined by commas) times only those policies, and
+    // `KVROUTE_BENCH_CACHE` (off, default, every) only that digest cache: for profiling one.
+    let only = std::env::var("KVROUTE_BENCH_POLICIES").ok();
+    let cache = std::env::var("KVROUTE_BENCH_CACHE").ok();
     let every_prompt = workers * (tokens_per_prompt + 256);
     let mut modes = vec![
         ("digest cache off", 0),
@@ -80,13 +84,20 @@ fn main() {
     if every_prompt > DEFAULT_MAX_TOKENS {
         modes.push(("digest cache holding every prompt", every_prompt));
     }
-    for (label, cache_tokens) in modes {
+    let keys = ["off", "default", "every"];
+    for (key, (label, cache_tokens)) in keys.into_iter().zip(modes) {
+        if cache.as_ref().is_some_and(|c| c != key) {
+            continue;
+        }
         println!(" {label}:");
         for policy in [
             PolicyKind::HybridAware,
             PolicyKind::GroupBlind,
             PolicyKind::LeastLoad,
-        ] {
+        ]
+        .into_iter()
+        .filter(|p| only.as_ref().is_none_or(|o| o.contains(p.name())))
+        {
             // A fresh fleet and index per policy: each starts from a cold cache.
             let (registry, prompts) = fleet(&hasher, cache_tokens, workers, tokens_per_prompt);
             // Every prompt is continued at least three times, so the digest cache's repeats
@@ -101,6 +112,9 @@ fn main() {
                 // Past the first round every request repeats a prefix the cache was given.
                 report("  repeats", times[workers..].to_vec());
             }
+        }
+        if only.as_ref().is_some_and(|o| !o.contains("unseen")) {
+            continue;
         }
         // Prompts never seen (no reuse at all; hybrid-aware): what keeping their blocks costs
         // (the cache starts a new generation about every 127 of them).

@@ -96,6 +96,11 @@ impl BlockExtras {
     }
 }
 
+thread_local! {
+    /// The block serialization buffer `hash_block_with` reuses on each thread.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Hashes blocks exactly as one engine configuration does.
 #[derive(Clone, Debug)]
 pub struct BlockHasher {
@@ -123,14 +128,17 @@ impl BlockHasher {
         &self,
         parent: Option<&Digest>,
         tokens: &[u32],
-        extra: PyValue,
+        extra: &PyValue,
     ) -> Digest {
         let parent = parent.unwrap_or(&self.none_hash);
-        let bytes = match self.algo {
-            HashAlgo::Sha256 => pickle::dumps_block(parent, tokens, &extra),
-            HashAlgo::Sha256Cbor => cbor::dumps_block(parent, tokens, &extra),
-        };
-        Sha256::digest(&bytes).into()
+        // One serialization buffer per thread, reused by every block it hashes.
+        SCRATCH.with_borrow_mut(|bytes| {
+            match self.algo {
+                HashAlgo::Sha256 => pickle::dumps_block_into(bytes, parent, tokens, extra),
+                HashAlgo::Sha256Cbor => cbor::dumps_block_into(bytes, parent, tokens, extra),
+            }
+            Sha256::digest(bytes.as_slice()).into()
+        })
     }
 
     /// The digest of hash block `block_index` of a request.
@@ -141,7 +149,7 @@ impl BlockHasher {
         extras: &BlockExtras,
         block_index: usize,
     ) -> Digest {
-        self.hash_block_with(parent, tokens, extras.tagged(block_index))
+        self.hash_block_with(parent, tokens, &extras.tagged(block_index))
     }
 
     /// The digest of hash block `block_index` of a request under vLLM 0.33's lookahead hashes:
@@ -158,7 +166,7 @@ impl BlockHasher {
         self.hash_block_with(
             parent,
             tokens,
-            lookahead_keys(extras.tagged(block_index), lookahead),
+            &lookahead_keys(extras.tagged(block_index), lookahead),
         )
     }
 
@@ -183,15 +191,20 @@ impl BlockHasher {
         }
         let blocks = hashable_blocks(tokens.len(), block, lookahead);
         out.reserve_exact(blocks);
+        // Without lookahead every block after the first has the same extra keys.
+        let later = (lookahead == 0).then(|| extras.tagged(1));
         for i in 0..blocks {
             let (s, e) = (i * block, (i + 1) * block);
-            let d = self.hash_block_lookahead(
-                out.last(),
-                &tokens[s..e],
-                extras,
-                i,
-                &tokens[e..e + lookahead],
-            );
+            let d = match &later {
+                Some(keys) if i > 0 => self.hash_block_with(out.last(), &tokens[s..e], keys),
+                _ => self.hash_block_lookahead(
+                    out.last(),
+                    &tokens[s..e],
+                    extras,
+                    i,
+                    &tokens[e..e + lookahead],
+                ),
+            };
             out.push(d);
         }
         out
@@ -242,7 +255,19 @@ pub fn content_key(
     salt: Option<&str>,
     lora: Option<&str>,
 ) -> u64 {
-    let mut buf = Vec::with_capacity(16 + tokens.len() * 4);
+    content_key_in(&mut Vec::new(), parent, tokens, salt, lora)
+}
+
+/// `content_key` serializing into `buf` (cleared first), so a chain reuses one buffer.
+fn content_key_in(
+    buf: &mut Vec<u8>,
+    parent: Option<u64>,
+    tokens: &[u32],
+    salt: Option<&str>,
+    lora: Option<&str>,
+) -> u64 {
+    buf.clear();
+    buf.reserve(16 + tokens.len() * 4);
     match parent {
         Some(p) => {
             buf.push(1);
@@ -251,8 +276,10 @@ pub fn content_key(
         None => buf.push(0),
     }
     buf.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
-    for t in tokens {
-        buf.extend_from_slice(&t.to_le_bytes());
+    let start = buf.len();
+    buf.resize(start + tokens.len() * 4, 0);
+    for (out, t) in buf[start..].chunks_exact_mut(4).zip(tokens) {
+        out.copy_from_slice(&t.to_le_bytes());
     }
     for (tag, v) in [(2u8, salt), (3u8, lora)] {
         if let Some(v) = v {
@@ -261,15 +288,18 @@ pub fn content_key(
             buf.extend_from_slice(v.as_bytes());
         }
     }
-    xxhash_rust::xxh3::xxh3_64(&buf)
+    xxhash_rust::xxh3::xxh3_64(buf)
 }
 
-/// Content keys of every full `block`-token block of `tokens` (salt on the first block only).
+/// Content keys of every full `block`-token block of `tokens`, each chained on the one
+/// before (the first carries the salt, every one the LoRA name).
 pub fn content_chain(tokens: &[u32], block: usize, extras: &BlockExtras) -> Vec<u64> {
     let mut out: Vec<u64> = Vec::new();
     if block == 0 {
         return out;
     }
+    out.reserve_exact(tokens.len() / block);
+    let mut buf = Vec::new();
     let lora = extras.lora.as_ref().map(|(n, _)| n.as_str());
     for (i, chunk) in tokens.chunks_exact(block).enumerate() {
         let salt = if i == 0 {
@@ -277,7 +307,13 @@ pub fn content_chain(tokens: &[u32], block: usize, extras: &BlockExtras) -> Vec<
         } else {
             None
         };
-        out.push(content_key(out.last().copied(), chunk, salt, lora));
+        out.push(content_key_in(
+            &mut buf,
+            out.last().copied(),
+            chunk,
+            salt,
+            lora,
+        ));
     }
     out
 }
@@ -440,5 +476,59 @@ mod tests {
         let b = content_chain(&[9, 2, 3, 4], 2, &BlockExtras::default());
         assert_eq!(a.len(), 2);
         assert_ne!(a[1], b[1]);
+    }
+
+    /// The content key's bytes spelled out one field at a time: the reference the fast
+    /// serialization must match (keys are compared across processes and snapshots).
+    fn content_key_reference(
+        parent: Option<u64>,
+        tokens: &[u32],
+        salt: Option<&str>,
+        lora: Option<&str>,
+    ) -> u64 {
+        let mut buf = Vec::new();
+        match parent {
+            Some(p) => {
+                buf.push(1u8);
+                buf.extend_from_slice(&p.to_le_bytes());
+            }
+            None => buf.push(0),
+        }
+        buf.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
+        for t in tokens {
+            buf.extend_from_slice(&t.to_le_bytes());
+        }
+        if let Some(v) = salt {
+            buf.push(2);
+            buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            buf.extend_from_slice(v.as_bytes());
+        }
+        if let Some(v) = lora {
+            buf.push(3);
+            buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            buf.extend_from_slice(v.as_bytes());
+        }
+        xxhash_rust::xxh3::xxh3_64(&buf)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn content_chains_equal_the_reference_key_by_key(
+            tokens in proptest::collection::vec(proptest::num::u32::ANY, 0..300),
+            block in 1usize..70,
+            salt in proptest::option::of("[a-z]{0,5}"),
+            lora in proptest::option::of("[a-z]{1,5}"),
+        ) {
+            let extras = BlockExtras {
+                cache_salt: salt.clone(),
+                lora: lora.clone().map(|n| (n, "/p".to_string())),
+            };
+            let mut want: Vec<u64> = Vec::new();
+            for (i, chunk) in tokens.chunks_exact(block).enumerate() {
+                let s = if i == 0 { salt.as_deref() } else { None };
+                want.push(content_key_reference(want.last().copied(), chunk, s, lora.as_deref()));
+            }
+            proptest::prop_assert_eq!(content_chain(&tokens, block, &extras), want);
+        }
     }
 }

@@ -191,6 +191,31 @@ fn long_bytes(i: i128) -> Vec<u8> {
     all[..n].to_vec()
 }
 
+/// Appends each token's int opcode (`K`, `M`, `J` or a 5-byte `LONG1`) to `out`: the bytes
+/// `save_int` writes one token at a time, in one pass without a branch per token's width
+/// (every token is written as 8 bytes over a scratch tail, then the tail is cut).
+fn put_tokens(out: &mut Vec<u8>, tokens: &[u32]) {
+    let start = out.len();
+    out.resize(start + tokens.len() * 7 + 8, 0);
+    let mut at = start;
+    for &t in tokens {
+        let (word, len) = if t <= 0x7fff_ffff {
+            // 0: K + 1 byte, 1: M + 2 bytes, 2: J + 4 bytes.
+            let class = u32::from(t > 0xff) + u32::from(t > 0xffff);
+            // The opcodes K, M, J packed by class; lengths 2, 3, 5.
+            let op = (0x004a_4d4b_u32 >> (8 * class)) & 0xff;
+            let len = 2 + class + (class >> 1);
+            (u64::from(op) | (u64::from(t) << 8), len as usize)
+        } else {
+            // LONG1, 5 bytes, the last a zero sign byte.
+            (0x8a | (5 << 8) | (u64::from(t) << 16), 7)
+        };
+        out[at..at + 8].copy_from_slice(&word.to_le_bytes());
+        at += len;
+    }
+    out.truncate(at);
+}
+
 impl Pickler {
     /// Saves `tuple(tokens)` exactly as `save(PyValue::Tuple(ints))` would, without building
     /// the value.
@@ -215,20 +240,7 @@ impl Pickler {
                 // target, no boundary inside it can start a frame, so the tokens are written in
                 // one pass (the same bytes `save_int` writes one by one).
                 if open + n * 7 < FRAME_SIZE_TARGET {
-                    self.out.reserve(n * 7 + 2);
-                    for &t in tokens {
-                        let b = t.to_le_bytes();
-                        match t {
-                            0..=0xff => self.out.extend_from_slice(&[b'K', b[0]]),
-                            0x100..=0xffff => self.out.extend_from_slice(&[b'M', b[0], b[1]]),
-                            0x1_0000..=0x7fff_ffff => {
-                                self.out.extend_from_slice(&[b'J', b[0], b[1], b[2], b[3]])
-                            }
-                            _ => self
-                                .out
-                                .extend_from_slice(&[0x8a, 5, b[0], b[1], b[2], b[3], 0]),
-                        }
-                    }
+                    put_tokens(&mut self.out, tokens);
                 } else {
                     for t in tokens {
                         self.opcode_boundary();
@@ -258,8 +270,17 @@ impl Pickler {
 /// `pickle.dumps((parent, tuple(tokens), extra), protocol=5)`: a block's hash input, written
 /// without materializing the token tuple (the hot path of request hashing).
 pub fn dumps_block(parent: &[u8], tokens: &[u32], extra: &PyValue) -> Vec<u8> {
+    let mut out = Vec::new();
+    dumps_block_into(&mut out, parent, tokens, extra);
+    out
+}
+
+/// `dumps_block` written into `out` (cleared first), so a chain reuses one buffer.
+pub fn dumps_block_into(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32], extra: &PyValue) {
+    out.clear();
+    out.reserve(64 + tokens.len() * 7);
     let mut p = Pickler {
-        out: Vec::with_capacity(64 + tokens.len() * 7),
+        out: std::mem::take(out),
         frame_start: None,
         memo_len: 0,
         singletons: Vec::new(),
@@ -274,7 +295,7 @@ pub fn dumps_block(parent: &[u8], tokens: &[u32], extra: &PyValue) -> Vec<u8> {
     p.memoize(None);
     p.write(b".");
     p.commit_frame();
-    p.out
+    *out = p.out;
 }
 
 /// `pickle.dumps(v, protocol=5)`.
@@ -344,6 +365,34 @@ mod tests {
                 ]));
                 assert_eq!(dumps_block(&parent, &tokens, &extra), generic, "{n} tokens");
             }
+        }
+    }
+
+    fn token_of_any_width() -> impl proptest::strategy::Strategy<Value = u32> {
+        use proptest::prelude::*;
+        prop_oneof![
+            0u32..0x100,
+            0x100u32..0x1_0000,
+            0x1_0000u32..0x8000_0000,
+            0x8000_0000u32..=u32::MAX
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn tokens_of_every_width_pickle_as_the_generic_pickler_writes_them(
+            tokens in proptest::collection::vec(token_of_any_width(), 0..80),
+            parent in proptest::collection::vec(proptest::num::u8::ANY, 32),
+        ) {
+            let generic = dumps(&PyValue::Tuple(vec![
+                PyValue::Bytes(parent.clone()),
+                PyValue::Tuple(tokens.iter().map(|t| PyValue::Int(*t as i128)).collect()),
+                PyValue::None,
+            ]));
+            let mut reused = vec![0xee; 3];
+            dumps_block_into(&mut reused, &parent, &tokens, &PyValue::None);
+            proptest::prop_assert_eq!(&reused, &generic);
+            proptest::prop_assert_eq!(dumps_block(&parent, &tokens, &PyValue::None), generic);
         }
     }
 
