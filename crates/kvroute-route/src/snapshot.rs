@@ -74,8 +74,7 @@ pub struct Outlook {
     pub forecast: u64,
     /// The full-attention prefix, likewise.
     pub prefix: u64,
-    /// The worker's alignment (tokens), at least 1; 0 while its layout is not known (the
-    /// forecast is its in-flight prefix, and no checkpoints are booked).
+    /// The worker's alignment (tokens), at least 1.
     pub align: u64,
 }
 

@@ -204,11 +204,14 @@ pub fn snapshot<'a>(
         .iter()
         .zip(&best)
         .map(|(w, b)| {
-            let skip = req.skip_prefix_cache || !weights.in_flight_forecast;
             let outlook = match (&prompt, b) {
-                (Some(p), Some(b)) => outlook(w, p, b, skip),
-                (Some(p), None) => cold_outlook(w, p, skip),
-                (None, _) => None,
+                (Some(p), Some(b)) => outlook(
+                    w,
+                    p,
+                    b,
+                    req.skip_prefix_cache || !weights.in_flight_forecast,
+                ),
+                _ => None,
             };
             worker_facts(w, b.as_ref(), outlook, &lent, weights, now)
         })
@@ -330,29 +333,6 @@ fn outlook(w: &Worker, prompt: &Prompt<'_>, b: &Best, skip: bool) -> Option<Outl
         forecast: f.cached.max(b.cached),
         prefix: f.prefix.max(b.blind),
         align,
-    })
-}
-
-/// Answered first tokens after which a worker that has published no KV event is taken to
-/// cache nothing the router can see (its first stored blocks are published with its first
-/// answers): until then it is forecast as [`cold_outlook`] says.
-const COLD_ANSWERS: u64 = 4;
-
-/// The outlook of a worker whose layout is not known yet (no KV event from it so far): the
-/// prefix its in-flight prompts share with this one, at token granularity (as if every group
-/// were full attention), and no checkpoints booked (`align` 0). Without it, the prompts a
-/// fleet is sent before its engines' first events are invisible, and at high load their
-/// siblings spread over every worker. `None` once the worker has answered [`COLD_ANSWERS`]
-/// first tokens without an event, or for a request that skips the prefix cache.
-fn cold_outlook(w: &Worker, prompt: &Prompt<'_>, skip: bool) -> Option<Outlook> {
-    if skip || w.learners.lock().ttft.samples() >= COLD_ANSWERS {
-        return None;
-    }
-    let f = w.pending.forecast(prompt, 1, true);
-    (f.prefix > 0).then_some(Outlook {
-        forecast: f.cached,
-        prefix: f.prefix,
-        align: 0,
     })
 }
 

@@ -3,9 +3,7 @@
 //! Owns: per worker, the in-flight prompts as chained 64-token chunk keys (a prefix map from
 //! chunk key to how many in-flight prompts share it) and where the engine will keep a state
 //! checkpoint of each once its prefill is done (filed under the last whole chunk before it,
-//! with the few tokens from there to the checkpoint; a prompt filed without one, sent before
-//! the worker's layout was known, counts as if every group were full attention, its shared
-//! prefix floored to the alignment); and the forecast they give a new request,
+//! with the few tokens from there to the checkpoint); and the forecast they give a new request,
 //! the reuse it can expect there once the prompts ahead of it have stored their blocks. The
 //! index only knows what the engine has already stored, so without this a request arriving
 //! while its sibling is still being prefilled looks cold everywhere, and a cache-aware router
@@ -85,9 +83,6 @@ type Anchor = Option<u64>;
 struct Entry {
     keys: Arc<[u64]>,
     checkpoints: Vec<(Anchor, u64, Arc<[u32]>)>,
-    /// Filed with no checkpoint given (sent before its worker's layout was known, or too
-    /// short for one): its keys are also in `Inner::unchecked`.
-    unchecked: bool,
 }
 
 #[derive(Default)]
@@ -96,8 +91,6 @@ struct Inner {
     prefixes: HashMap<u64, u32, MixBuild>,
     /// Anchor → the distinct checkpoints filed there.
     checkpoints: HashMap<Anchor, Vec<Checkpoint>, MixBuild>,
-    /// Chunk key → in-flight prompts holding that prefix that were filed without a checkpoint.
-    unchecked: HashMap<u64, u32, MixBuild>,
     entries: HashMap<u64, Entry, MixBuild>,
 }
 
@@ -149,17 +142,13 @@ impl Pending {
             }
             kept.push((anchor, *at, tail));
         }
-        let entry = Entry {
-            keys,
-            checkpoints: kept,
-            unchecked: checkpoints.iter().all(|(at, _)| *at == 0),
-        };
-        if entry.unchecked {
-            for k in entry.keys.iter() {
-                *inner.unchecked.entry(*k).or_insert(0) += 1;
-            }
-        }
-        inner.entries.insert(id, entry);
+        inner.entries.insert(
+            id,
+            Entry {
+                keys,
+                checkpoints: kept,
+            },
+        );
         id
     }
 
@@ -168,9 +157,13 @@ impl Pending {
         let Some(e) = inner.entries.remove(&id) else {
             return;
         };
-        release(&mut inner.prefixes, &e.keys);
-        if e.unchecked {
-            release(&mut inner.unchecked, &e.keys);
+        for k in e.keys.iter() {
+            if let Some(n) = inner.prefixes.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    inner.prefixes.remove(k);
+                }
+            }
         }
         for (anchor, at, tail) in e.checkpoints {
             if let Some(list) = inner.checkpoints.get_mut(&anchor) {
@@ -227,31 +220,9 @@ impl Pending {
             take(Some(*k), matched * CHUNK);
         }
         let prefix = ((matched * CHUNK) as u64 / a * a).min(max);
-        if !dense {
-            // Prompts filed without a checkpoint count as if dense: the engine keeps its own
-            // checkpoints, at positions the gateway did not know when it sent them.
-            let blind = prompt
-                .keys
-                .iter()
-                .take_while(|k| inner.unchecked.contains_key(*k))
-                .count();
-            cached = cached.max(((blind * CHUNK) as u64 / a * a).min(max));
-        }
         Forecast {
             cached: if dense { prefix } else { cached },
             prefix: prefix.max(cached),
-        }
-    }
-}
-
-/// Takes one count of each of `keys` back from `counts`, dropping keys that reach zero.
-fn release(counts: &mut HashMap<u64, u32, MixBuild>, keys: &[u64]) {
-    for k in keys {
-        if let Some(n) = counts.get_mut(k) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(k);
-            }
         }
     }
 }
@@ -331,29 +302,6 @@ mod tests {
         let tokens = seq(0..1000);
         p.add_parts(prompt(&tokens).keys, &[(960, vec![1, 2, 3])]);
         assert_eq!(p.forecast(&prompt(&seq(0..1200)), 64, false).cached, 0);
-    }
-
-    #[test]
-    fn a_prompt_filed_before_its_workers_layout_was_known_is_forecast_its_aligned_prefix() {
-        let p = Pending::default();
-        // Sent with no checkpoint (the layout unknown then); the layout known now: align 64.
-        let id = p.add(&prompt(&seq(0..1000)), [0, 0]);
-        let b = branch_at(700);
-        assert_eq!(
-            p.forecast(&prompt(&b), 64, false),
-            Forecast {
-                cached: 640,
-                prefix: 640
-            }
-        );
-        // At an alignment of 544, the 640 shared tokens floor to 544.
-        assert_eq!(p.forecast(&prompt(&b), 544, false).cached, 544);
-        // A checkpointed prompt beside it does not change what the unchecked one gives, and
-        // removing the unchecked one leaves only the checkpoint's rule.
-        p.add(&prompt(&seq(0..1000)), [960, 0]);
-        assert_eq!(p.forecast(&prompt(&b), 64, false).cached, 640);
-        p.remove(id);
-        assert_eq!(p.forecast(&prompt(&b), 64, false).cached, 0);
     }
 
     #[test]

@@ -587,51 +587,6 @@ fn a_sibling_follows_its_prefix_to_the_worker_still_prefilling_it() {
 }
 
 #[test]
-fn before_any_engine_event_a_sibling_follows_its_prefix_to_the_worker_prefilling_it() {
-    // No worker has published an event: no layout is known anywhere.
-    let (registry, workers) = fleet(&["a", "b"]);
-    let prompt: Vec<u32> = (1..=200).collect();
-    let _in_flight = LoadGuard::new(workers[1].clone(), 200)
-        .with_prompt(&Prompt::new(&prompt, &BlockExtras::default()), [0, 0]);
-    let mut sibling = prompt[..190].to_vec();
-    sibling.extend(900..950);
-    let weights = PolicyWeights {
-        lambda: 0.0,
-        cost: CostModel::Tokens,
-        ..PolicyWeights::default()
-    };
-    let run = || {
-        decide(
-            &registry,
-            &workers,
-            &sibling,
-            false,
-            PolicyKind::HybridAware,
-            &weights,
-        )
-        .decision
-    };
-    let d = run();
-    assert_eq!(d.worker, "b");
-    // Two whole 64-token chunks shared, at token granularity; no checkpoint is booked where
-    // the layout (and so the engine's checkpoints) is unknown.
-    assert_eq!(
-        (d.candidates[0].forecast_cached, d.candidates[0].checkpoints),
-        (128, [0, 0])
-    );
-    // A worker that has answered first tokens and still published nothing caches nothing the
-    // router sees: its in-flight prompts are not forecast any more.
-    for _ in 0..COLD_ANSWERS {
-        workers[1]
-            .learners
-            .lock()
-            .ttft
-            .observe(&crate::gateway::ttft::Work::new(0, 0, 200, 0), 20.0);
-    }
-    assert!(run().candidates.iter().all(|c| c.forecast_cached == 0));
-}
-
-#[test]
 fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_short_ones() {
     let (registry, workers) = fleet(&["a", "b", "c", "d"]);
     // "a", "b" and "c" are prefilling 3,000, 4,000 and 5,000 tokens; "d" is idle. Requests
