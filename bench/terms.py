@@ -6,7 +6,8 @@
 Each run is DIR/WORKLOAD.PRESET.BLOCKS.RATE.rREPLICAS.SETTING.REPEAT.json (`kvroute bench`'s
 JSON). SETTING is `defaults`, a default-on term's name (that term switched off) or NAME-on (a
 default-off term switched on). For every cell and term, the term's effect is the mean of the
-runs with it on minus the mean of those with it off, per figure (reuse; TTFT mean, p50, p99),
+runs with it on minus the mean of those with it off, per figure (reuse; TTFT mean, p50, p99;
+ITL p50; end-to-end p50),
 and the noise is the larger of the two settings' ranges over their repeats (max − min). The
 term is ahead on a figure when its effect is better than the noise (more reuse, less TTFT),
 behind when it is worse than the noise. Prints a Markdown table and, per term, the verdict the A/B rule gives: on by default
@@ -18,7 +19,10 @@ import pathlib
 import statistics
 import sys
 
-FIGURES = [("reuse", +1), ("ttft_mean_ms", -1), ("ttft_p50_ms", -1), ("ttft_p99_ms", -1)]
+# The figures each term is judged on: reuse, TTFT, and the decode figures that the decode
+# interference and prefill stall terms aim at (inter-token latency and end-to-end time, p50).
+FIGURES = [("reuse", +1), ("ttft_mean_ms", -1), ("ttft_p50_ms", -1), ("ttft_p99_ms", -1),
+           ("itl_p50_ms", -1), ("e2e_p50_ms", -1)]
 
 
 def figure(t, name):
@@ -27,6 +31,8 @@ def figure(t, name):
         if v is None:
             v = (t.get("client_ttft_ms") or {}).get("mean")
         return v
+    if name in ("itl_p50_ms", "e2e_p50_ms"):
+        return (t.get(name[:3] + "_ms") or {}).get("p50")
     return t.get(name)
 
 

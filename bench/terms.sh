@@ -20,8 +20,8 @@ OUT=bench/out/terms-$(date +%Y%m%d-%H%M)
 REPEAT=3
 REQUESTS=300
 REPLICAS=1
-# Default on: later-turns decode-interference prefill-stall queue-drain in-flight-forecast.
-# Default off: delay-to-others junction.
+# Default on: later-turns prefill-stall queue-drain in-flight-forecast.
+# Default off: decode-interference delay-to-others junction.
 TERMS="later-turns decode-interference prefill-stall queue-drain in-flight-forecast delay-to-others junction"
 # Three built-in workloads and the tenants one on the hybrid preset's tight pool at the high
 # load of bench/peers.sh, and llama's eviction-heavy pool on multi-turn. Mooncake at that load
@@ -47,15 +47,15 @@ KV=${KVROUTE_BIN:-target/release/kvroute}
 # reads the direction from the name).
 setting_of() {
   case "$1" in
-    later-turns | decode-interference | prefill-stall | queue-drain | in-flight-forecast) echo "$1" ;;
-    delay-to-others | junction) echo "$1-on" ;;
+    later-turns | prefill-stall | queue-drain | in-flight-forecast) echo "$1" ;;
+    decode-interference | delay-to-others | junction) echo "$1-on" ;;
     *) echo "unknown term $1" >&2; exit 2 ;;
   esac
 }
 flag_of() {
   case "$1" in
     later-turns) echo "--later-turns false" ;;
-    decode-interference) echo "--decode-interference false" ;;
+    decode-interference-on) echo "--decode-interference true" ;;
     prefill-stall) echo "--prefill-stall off" ;;
     queue-drain) echo "--queue-drain false" ;;
     in-flight-forecast) echo "--in-flight-forecast false" ;;

@@ -101,8 +101,10 @@ pub struct PolicyWeights {
     pub delay_to_others: bool,
     /// Cost model `ttft`: add, for each candidate, the end-to-end latency this request's
     /// decode adds to the requests running there and theirs to it (`2·δ·running·overlap`,
-    /// [`crate::terms::decode_interference_ms`]). `false` leaves decoding out.
-    #[serde(default = "default_on")]
+    /// [`crate::terms::decode_interference_ms`]). `false` leaves decoding out. Off by default:
+    /// ahead on `agentic`'s TTFT and ITL, behind on `shared-prefix`'s reuse at three replicas
+    /// (docs/routing.md, "The default-on cost terms, A/B").
+    #[serde(default)]
     pub decode_interference: bool,
     /// Cost model `ttft`: which prefills are charged the end-to-end latency they add to the
     /// requests decoding beside them, whose steps carry their chunks
@@ -219,7 +221,7 @@ impl Default for PolicyWeights {
             cost: CostModel::default(),
             later_turns: default_on(),
             delay_to_others: false,
-            decode_interference: default_on(),
+            decode_interference: false,
             prefill_stall: PrefillStall::default(),
             eviction: false,
             next_arrivals: false,

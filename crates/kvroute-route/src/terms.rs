@@ -186,7 +186,7 @@ pub fn expected_output(mean: Option<f64>, max_tokens: Option<u64>) -> f64 {
     }
 }
 
-/// Decode interference (`weights.decode_interference`, on by default): the end-to-end latency
+/// Decode interference (`weights.decode_interference`, off by default): the end-to-end latency
 /// a request decoding `output_tokens` (`O`) adds where `running` (`R`) others run, each
 /// lengthening a token by `delta_ms` (`δ`) and each with a remaining answer spread evenly up to
 /// `mean_output` (`Ō`) tokens: `2·δ·R·(O − O²/(2·Ō))` for `O ≤ Ō`, `δ·R·Ō` beyond.

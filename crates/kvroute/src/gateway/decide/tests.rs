@@ -163,7 +163,11 @@ fn a_request_goes_where_its_decode_slows_the_fewest_running_requests() {
     let run = |weights: &PolicyWeights, max_tokens: Option<u64>| {
         weighed_decision(&registry, &workers, &prompt, true, max_tokens, weights)
     };
-    let d = run(&PolicyWeights::default(), None);
+    let on = PolicyWeights {
+        decode_interference: true,
+        ..PolicyWeights::default()
+    };
+    let d = run(&on, None);
     let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
     let b = d.candidates.iter().find(|c| c.worker == "b").unwrap();
     let delta = registry.fleet_decode.ms_per_running();
@@ -176,16 +180,12 @@ fn a_request_goes_where_its_decode_slows_the_fewest_running_requests() {
     assert_eq!(b.decode_interference_ms, 0.0);
     assert_eq!(d.worker, "b");
     // A short answer brings less: capped by the request's max_tokens.
-    let short = run(&PolicyWeights::default(), Some(4));
+    let short = run(&on, Some(4));
     let a4 = short.candidates.iter().find(|c| c.worker == "a").unwrap();
     let overlap = 4.0 - 4.0 * 4.0 / (2.0 * 40.0);
     assert!((a4.decode_interference_ms - 2.0 * delta * overlap * 6.0).abs() < 1e-6);
-    // Switched off, the decode is not priced.
-    let off = PolicyWeights {
-        decode_interference: false,
-        ..PolicyWeights::default()
-    };
-    let d = run(&off, None);
+    // Off (the default), the decode is not priced.
+    let d = run(&PolicyWeights::default(), None);
     let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
     assert!((a.cost - a.predicted_ttft_ms - a.later_turns_ms - a.delay_to_others_ms).abs() < 1e-6);
 }
