@@ -9,7 +9,7 @@ default-off term switched on). For every cell and term, the term's effect is the
 runs with it on minus the mean of those with it off, per figure (reuse; TTFT mean, p50, p99;
 ITL p50; end-to-end p50),
 and the noise is the larger of the two settings' ranges over their repeats (max − min). The
-term is ahead on a figure when its effect is better than the noise (more reuse, less TTFT),
+term is ahead on a figure when its effect is better than the noise (more reuse, less time),
 behind when it is worse than the noise. Prints a Markdown table and, per term, the verdict the A/B rule gives: on by default
 only if ahead on some cell and behind on none.
 """

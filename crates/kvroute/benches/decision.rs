@@ -72,9 +72,13 @@ fn main() {
     // first round of 64 requests: each continues one worker's prompt with 64 new tokens).
     // The default cache holds about a million tokens; a fleet whose prompts outgrow it is also
     // timed with a cache that holds them all (`digest_cache_tokens`).
-    // `KVROUTE_BENCH_POLICIES` (names joined by commas) times only those policies, and
-    // `KVROUTE_BENCH_CACHE` (off, default, every) only that digest cache: for profiling one.
-    let only = std::env::var("KVROUTE_BENCH_POLICIES").ok();
+    // `KVROUTE_BENCH_POLICIES` (names joined by commas: hybrid-aware, group-blind, least-load,
+    // unseen) times only those, and `KVROUTE_BENCH_CACHE` (off, default, every) only that
+    // digest cache: for profiling one.
+    let only: Option<Vec<String>> = std::env::var("KVROUTE_BENCH_POLICIES")
+        .ok()
+        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
+    let chosen = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|p| p == name));
     let cache = std::env::var("KVROUTE_BENCH_CACHE").ok();
     let every_prompt = workers * (tokens_per_prompt + 256);
     let mut modes = vec![
@@ -96,7 +100,7 @@ fn main() {
             PolicyKind::LeastLoad,
         ]
         .into_iter()
-        .filter(|p| only.as_ref().is_none_or(|o| o.contains(p.name())))
+        .filter(|p| chosen(p.name()))
         {
             // A fresh fleet and index per policy: each starts from a cold cache.
             let (registry, prompts) = fleet(&hasher, cache_tokens, workers, tokens_per_prompt);
@@ -113,7 +117,7 @@ fn main() {
                 report("  repeats", times[workers..].to_vec());
             }
         }
-        if only.as_ref().is_some_and(|o| !o.contains("unseen")) {
+        if !chosen("unseen") {
             continue;
         }
         // Prompts never seen (no reuse at all; hybrid-aware): what keeping their blocks costs

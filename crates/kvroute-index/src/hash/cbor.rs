@@ -64,15 +64,8 @@ fn encode_into(out: &mut Vec<u8>, v: &PyValue) {
     }
 }
 
-/// `cbor2.dumps((parent, tuple(tokens), extra), canonical=True)` without materializing the
-/// token tuple.
-pub fn dumps_block(parent: &[u8], tokens: &[u32], extra: &PyValue) -> Vec<u8> {
-    let mut out = Vec::new();
-    dumps_block_into(&mut out, parent, tokens, extra);
-    out
-}
-
-/// `dumps_block` written into `out` (cleared first), so a chain reuses one buffer.
+/// `cbor2.dumps((parent, tuple(tokens), extra), canonical=True)` written into `out` (cleared
+/// first, so a chain reuses one buffer) without materializing the token tuple.
 pub fn dumps_block_into(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32], extra: &PyValue) {
     out.clear();
     out.reserve(48 + tokens.len() * 5);
@@ -127,7 +120,9 @@ mod tests {
             PyValue::Tuple(tokens.iter().map(|t| PyValue::Int(*t as i128)).collect()),
             PyValue::None,
         ]));
-        assert_eq!(dumps_block(&[1; 32], &tokens, &PyValue::None), generic);
+        let mut out = Vec::new();
+        dumps_block_into(&mut out, &[1; 32], &tokens, &PyValue::None);
+        assert_eq!(out, generic);
     }
 
     proptest::proptest! {
