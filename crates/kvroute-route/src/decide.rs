@@ -122,7 +122,7 @@ pub fn decide(
     let first = ranked.first();
     Decision {
         policy: policy.name(),
-        worker: first.map(|c| c.worker.clone()).unwrap_or_default(),
+        worker: first.map(|c| c.worker.to_string()).unwrap_or_default(),
         prompt_tokens: req.tokens as usize,
         predicted_cached: first.map_or(0, |c| c.predicted_cached),
         predicted_tier: first.map_or(0, |c| c.predicted_tier),
@@ -188,7 +188,7 @@ fn candidate(
         0.0
     };
     Candidate {
-        worker: w.name.to_string(),
+        worker: w.name.clone(),
         predicted_cached: cached,
         blind_cached: if hybrid { w.blind } else { 0 },
         predicted_tier: tier,

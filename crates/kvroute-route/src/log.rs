@@ -49,7 +49,7 @@ fn bookings(d: &Decision) -> Vec<Booking> {
     d.candidates
         .iter()
         .map(|c| Booking {
-            worker: c.worker.clone(),
+            worker: c.worker.to_string(),
             work: c.work,
             ms_per_token: c.ms_per_token,
             checkpoints: c.checkpoints,

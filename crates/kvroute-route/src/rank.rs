@@ -14,11 +14,13 @@
 use crate::config::{CostModel, PolicyKind, PolicyWeights};
 use crate::work::Work;
 use serde::Serialize;
+use std::sync::Arc;
 
 /// What the gateway knows about one candidate for one request.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Candidate {
-    pub worker: String,
+    /// The worker's name (shared with the snapshot: no copy per candidate).
+    pub worker: Arc<str>,
     /// Predicted cached tokens under this policy's view of the cache.
     pub predicted_cached: u64,
     /// Hybrid-aware only: what group-blind predicts on the same rank (its full-attention
@@ -235,7 +237,9 @@ pub fn rank(
 /// `cands` rearranged so that the `i`-th is `cands[order[i]]` (`order` a permutation).
 fn in_order(cands: Vec<Candidate>, order: &[usize]) -> Vec<Candidate> {
     let mut slots: Vec<Option<Candidate>> = cands.into_iter().map(Some).collect();
-    order.iter().filter_map(|&k| slots[k].take()).collect()
+    let mut out = Vec::with_capacity(order.len());
+    out.extend(order.iter().filter_map(|&k| slots[k].take()));
+    out
 }
 
 #[cfg(test)]
@@ -302,7 +306,7 @@ mod tests {
             &weights,
             0,
         );
-        assert_eq!(r[0].worker, "cold");
+        assert_eq!(&*r[0].worker, "cold");
         // Switched off, or with no follow-ups expected, only this request's TTFT counts.
         let myopic = PolicyWeights {
             later_turns: false,
@@ -314,10 +318,10 @@ mod tests {
             &myopic,
             0,
         );
-        assert_eq!(r[0].worker, "warm");
+        assert_eq!(&*r[0].worker, "warm");
         warm.later_turns_ms = 0.0;
         let r = rank(PolicyKind::HybridAware, vec![warm, cold], &weights, 0);
-        assert_eq!(r[0].worker, "warm");
+        assert_eq!(&*r[0].worker, "warm");
     }
 
     #[test]
@@ -330,19 +334,19 @@ mod tests {
             &weights,
             0,
         );
-        assert_eq!(r[0].worker, "b");
+        assert_eq!(&*r[0].worker, "b");
         assert_eq!(r[0].cost, 80.0);
         // μ = 0 by default: the junction is worth nothing.
         let junctions = || vec![timed("a", 120.0, 1000, 0.05), timed("b", 80.0, 0, 0.05)];
         let r = rank(PolicyKind::HybridAware, junctions(), &weights, 0);
-        assert_eq!((r[0].worker.as_str(), r[0].cost), ("b", 80.0));
+        assert_eq!((&*r[0].worker, r[0].cost), ("b", 80.0));
         // At μ = 1, 1000 junction tokens at 0.05 ms each are worth 50 ms of later prefill.
         let credited = PolicyWeights {
             junction: 1.0,
             ..weights
         };
         let r = rank(PolicyKind::HybridAware, junctions(), &credited, 0);
-        assert_eq!(r[0].worker, "a");
+        assert_eq!(&*r[0].worker, "a");
         assert_eq!(r[0].cost, 70.0);
     }
 
@@ -354,14 +358,14 @@ mod tests {
             &w(1.0),
             0,
         );
-        assert_eq!(r[0].worker, "b");
+        assert_eq!(&*r[0].worker, "b");
         let r = rank(
             PolicyKind::HybridAware,
             vec![c("a", 0, 1000, 0.0), c("b", 800, 1000, 900.0)],
             &w(1.0),
             0,
         );
-        assert_eq!(r[0].worker, "a");
+        assert_eq!(&*r[0].worker, "a");
     }
 
     #[test]
@@ -375,7 +379,7 @@ mod tests {
             .map(|rr| {
                 rank(PolicyKind::HybridAware, idle.clone(), &w(1.0), rr)[0]
                     .worker
-                    .clone()
+                    .to_string()
             })
             .collect();
         assert_eq!(firsts, ["w0", "w1", "w2", "w0", "w1", "w2"]);
@@ -384,7 +388,7 @@ mod tests {
         warm[2] = c("w2", 64, 100, 0.0);
         for rr in 0..6 {
             assert_eq!(
-                rank(PolicyKind::HybridAware, warm.clone(), &w(1.0), rr)[0].worker,
+                &*rank(PolicyKind::HybridAware, warm.clone(), &w(1.0), rr)[0].worker,
                 "w2"
             );
         }
@@ -415,7 +419,7 @@ mod tests {
             };
             c.sort_by(|a, b| cost(a).total_cmp(&cost(b)).then(a.load.total_cmp(&b.load)));
         }
-        c.into_iter().map(|x| x.worker).collect()
+        c.into_iter().map(|x| x.worker.to_string()).collect()
     }
 
     proptest::proptest! {
@@ -442,7 +446,7 @@ mod tests {
             ][pick];
             let weights = if tokens { w(0.5) } else { PolicyWeights::default() };
             let ranked = rank(policy, cands.clone(), &weights, rr);
-            let names: Vec<String> = ranked.iter().map(|x| x.worker.clone()).collect();
+            let names: Vec<String> = ranked.iter().map(|x| x.worker.to_string()).collect();
             proptest::prop_assert_eq!(names, sorted_in_place(policy, &cands, &weights, rr));
             let mut slots: Vec<usize> = ranked.iter().map(|x| x.slot).collect();
             slots.sort_unstable();
@@ -495,7 +499,7 @@ mod tests {
             0,
         );
         assert_eq!(
-            r.iter().map(|x| x.worker.as_str()).collect::<Vec<_>>(),
+            r.iter().map(|x| &*x.worker).collect::<Vec<_>>(),
             ["a", "b", "c"]
         );
     }
@@ -519,7 +523,7 @@ mod tests {
                 0
             )[0]
             .worker,
-            "a"
+            "a".into()
         );
         let mut loaded = a.clone();
         loaded.load = 100.0;
@@ -531,7 +535,7 @@ mod tests {
                 0
             )[0]
             .worker,
-            "b"
+            "b".into()
         );
         let with = PolicyWeights {
             junction: 0.5,
@@ -539,7 +543,7 @@ mod tests {
         };
         assert_eq!(
             rank(PolicyKind::HybridAware, vec![b, loaded], &with, 0)[0].worker,
-            "a"
+            "a".into()
         );
     }
 
@@ -553,7 +557,7 @@ mod tests {
         a.junction = junction_credit(900, 0, fleet_best);
         let b = c("b", 900, 1000, 50.0);
         let r = rank(PolicyKind::HybridAware, vec![a, b], &w(1.0), 0);
-        assert_eq!(r[0].worker, "b");
+        assert_eq!(&*r[0].worker, "b");
         // Where nobody serves the prefix yet, the checkpoint to be is credited in full...
         assert_eq!(junction_credit(900, 0, 0), 900);
         // ...and beyond the fleet's best only.
@@ -564,9 +568,9 @@ mod tests {
     fn round_robin_rotates_and_least_load_ignores_the_cache() {
         let cands = vec![c("a", 0, 10, 3.0), c("b", 9, 10, 1.0), c("c", 0, 10, 2.0)];
         let r = rank(PolicyKind::RoundRobin, cands.clone(), &w(1.0), 4);
-        assert_eq!(r[0].worker, "b");
+        assert_eq!(&*r[0].worker, "b");
         let r = rank(PolicyKind::LeastLoad, cands, &w(1.0), 0);
-        assert_eq!(r[0].worker, "b");
+        assert_eq!(&*r[0].worker, "b");
         assert_eq!(
             "group-blind".parse::<PolicyKind>(),
             Ok(PolicyKind::GroupBlind)

@@ -51,7 +51,7 @@ fn the_worker_serving_the_most_of_an_idle_fleet_wins() {
     assert_eq!(d.worker, "b");
     assert_eq!(d.predicted_cached, 3000);
     assert_eq!(d.best_cached, 3000);
-    let order: Vec<&str> = d.candidates.iter().map(|c| c.worker.as_str()).collect();
+    let order: Vec<&str> = d.candidates.iter().map(|c| &*c.worker).collect();
     assert_eq!(order, ["b", "c", "a"]);
     // 20 ms + 1,000 uncached tokens at 1/15 ms each.
     assert!((d.predicted_ttft_ms - (20.0 + 1000.0 / 15.0)).abs() < 1e-9);
@@ -141,7 +141,7 @@ fn a_new_conversation_is_charged_its_later_turns_and_a_follow_up_is_not() {
     let c = &new
         .candidates
         .iter()
-        .find(|c| c.worker == "crowded")
+        .find(|c| &*c.worker == "crowded")
         .unwrap();
     assert!(
         c.live_conversations > 7.9 && c.later_turns_ms > 150.0,

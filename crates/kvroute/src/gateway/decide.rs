@@ -154,7 +154,7 @@ pub fn decide_with<'a>(
             && order
                 .iter()
                 .zip(&decision.candidates)
-                .all(|(w, c)| w.spec.name == c.worker)
+                .all(|(w, c)| *w.spec.name == *c.worker)
     );
     decision.decision_us = start.elapsed().as_micros() as u64;
     log_decision(policy, weights, &facts, &taken.snapshot, &decision);

@@ -263,7 +263,7 @@ fn candidate<'r>(r: &'r Ranked<'_>, w: &Worker) -> Option<&'r kvroute_route::Can
     r.decision
         .candidates
         .iter()
-        .find(|c| c.worker == w.spec.name)
+        .find(|c| *c.worker == *w.spec.name)
 }
 
 /// Counts a leg served by other than its first-ranked worker.

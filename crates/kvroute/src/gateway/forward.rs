@@ -118,7 +118,7 @@ impl<'a> Booking<'a> {
             .decision
             .candidates
             .iter()
-            .find(|c| c.worker == worker.spec.name);
+            .find(|c| *c.worker == *worker.spec.name);
         Booking {
             uncached: cand.map_or(r.decision.prompt_tokens as u64, |c| c.expected_uncached()),
             in_flight: match (cand, &r.prompt) {

@@ -168,8 +168,8 @@ fn a_request_goes_where_its_decode_slows_the_fewest_running_requests() {
         ..PolicyWeights::default()
     };
     let d = run(&on, None);
-    let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
-    let b = d.candidates.iter().find(|c| c.worker == "b").unwrap();
+    let a = d.candidates.iter().find(|c| &*c.worker == "a").unwrap();
+    let b = d.candidates.iter().find(|c| &*c.worker == "b").unwrap();
     let delta = registry.fleet_decode.ms_per_running();
     assert!((delta - 0.5).abs() < 0.01, "{delta}");
     // A typical answer overlaps half of each running one's: δ·Ō·R.
@@ -181,12 +181,12 @@ fn a_request_goes_where_its_decode_slows_the_fewest_running_requests() {
     assert_eq!(d.worker, "b");
     // A short answer brings less: capped by the request's max_tokens.
     let short = run(&on, Some(4));
-    let a4 = short.candidates.iter().find(|c| c.worker == "a").unwrap();
+    let a4 = short.candidates.iter().find(|c| &*c.worker == "a").unwrap();
     let overlap = 4.0 - 4.0 * 4.0 / (2.0 * 40.0);
     assert!((a4.decode_interference_ms - 2.0 * delta * overlap * 6.0).abs() < 1e-6);
     // Off (the default), the decode is not priced.
     let d = run(&PolicyWeights::default(), None);
-    let a = d.candidates.iter().find(|c| c.worker == "a").unwrap();
+    let a = d.candidates.iter().find(|c| &*c.worker == "a").unwrap();
     assert!((a.cost - a.predicted_ttft_ms - a.later_turns_ms - a.delay_to_others_ms).abs() < 1e-6);
 }
 
@@ -375,7 +375,7 @@ fn record_least_loaded(registry: &Registry, workers: &[Arc<Worker>], d: &Decisio
 fn candidate(d: &Decision, w: &str) -> Candidate {
     d.candidates
         .iter()
-        .find(|c| c.worker == w)
+        .find(|c| &*c.worker == w)
         .cloned()
         .expect("candidate")
 }
@@ -394,7 +394,7 @@ fn a_new_conversations_later_turns_are_charged_the_decode_they_will_share() {
     let charge = |d: &Decision, w: &str| {
         d.candidates
             .iter()
-            .find(|c| c.worker == w)
+            .find(|c| &*c.worker == w)
             .map(|c| c.decode_interference_ms)
             .expect("candidate")
     };
@@ -440,7 +440,7 @@ fn a_new_conversation_is_priced_with_the_conversations_living_on_each_worker() {
     let by = |d: &Decision, w: &str| {
         d.candidates
             .iter()
-            .find(|c| c.worker == w)
+            .find(|c| &*c.worker == w)
             .cloned()
             .expect("candidate")
     };
@@ -538,7 +538,7 @@ fn on_a_hybrid_layout_a_sibling_is_forecast_the_in_flight_prompts_checkpoint() {
     let a = d
         .candidates
         .iter()
-        .find(|c| c.worker == "a")
+        .find(|c| &*c.worker == "a")
         .expect("a is a candidate");
     assert_eq!((a.forecast_cached, a.junction), (0, 64));
     // A request that skips the prefix cache is forecast nothing.
@@ -641,7 +641,7 @@ fn with_the_next_arrivals_charge_a_long_prompt_leaves_the_last_idle_worker_to_sh
     let at = d
         .candidates
         .iter()
-        .position(|c| c.worker == "d")
+        .position(|c| &*c.worker == "d")
         .expect("candidate d");
     let rate_now: f64 = workers
         .iter()
@@ -703,7 +703,7 @@ fn the_ttft_cost_waits_for_a_prefilling_sibling_only_when_waiting_is_faster() {
     let by = |w: &str| {
         d.candidates
             .iter()
-            .find(|c| c.worker == w)
+            .find(|c| &*c.worker == w)
             .cloned()
             .expect("candidate")
     };
