@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The cost-term A/B table from bench/terms.sh's runs.
 
-    python3 bench/terms.py DIR
+    python3 bench/terms.py DIR                 # the A/B table and verdicts
+    python3 bench/terms.py --summary DIR...    # each setting's mean and range
+    python3 bench/terms.py --replicas DIR...   # three replicas (r3.peers) against one (r1.defaults)
 
 Each run is DIR/WORKLOAD.PRESET.BLOCKS.RATE.rREPLICAS.SETTING.REPEAT.json (`kvroute bench`'s
 JSON). SETTING is `defaults`, a default-on term's name (that term switched off) or NAME-on (a
@@ -36,9 +38,11 @@ def figure(t, name):
     return t.get(name)
 
 
-def load(d):
+def load(dirs):
     runs = collections.defaultdict(list)
-    for p in sorted(pathlib.Path(d).glob("*.json")):
+    if isinstance(dirs, str):
+        dirs = [dirs]
+    for p in sorted(q for d in dirs for q in pathlib.Path(d).glob("*.json")):
         parts = p.name[: -len(".json")].split(".")
         if len(parts) < 7:
             continue
@@ -112,7 +116,53 @@ def summary(d):
         print(f"| {cell} | {rep[1:]} | {setting} | {len(ts)} | " + " | ".join(row) + " |")
 
 
+def replicas(dirs):
+    """Per cell: three peered replicas (r3.peers) against one (r1.defaults), each figure's
+    difference of the means with the noise (the larger of the two ranges over the repeats),
+    and whether three replicas are within the noise, ahead or behind; then the counts."""
+    runs = load(dirs)
+    cells = sorted({c for c, _, _ in runs})
+    print("| cell | runs (3/1) | " + " | ".join(f"{n} 3 − 1 (noise)" for n, _ in FIGURES)
+          + " | behind on |")
+    print("|---|---|" + "---|" * len(FIGURES) + "---|")
+    tally = collections.Counter()
+    for cell in cells:
+        three, one = runs.get((cell, "r3", "peers")), runs.get((cell, "r1", "defaults"))
+        if not three or not one:
+            continue
+        row, behind = [], []
+        for name, better in FIGURES:
+            a = [figure(t, name) for t in three if figure(t, name) is not None]
+            b = [figure(t, name) for t in one if figure(t, name) is not None]
+            if not a or not b:
+                row.append("—")
+                continue
+            scale = 100 if name == "reuse" else 1
+            diff = (statistics.mean(a) - statistics.mean(b)) * scale
+            noise = max(max(a) - min(a), max(b) - min(b)) * scale
+            if abs(diff) <= noise:
+                mark = ""
+                tally["within"] += 1
+            elif diff * better > 0:
+                mark = " ahead"
+                tally["ahead"] += 1
+            else:
+                mark = " **behind**"
+                tally["behind"] += 1
+                behind.append(name)
+            row.append(f"{diff:+.1f} ({noise:.1f}){mark}")
+        print(f"| {cell} | {len(three)}/{len(one)} | " + " | ".join(row) + " | "
+              + (", ".join(behind) or "—") + " |")
+    print(f"\nfigures within the noise: {tally['within']}, ahead: {tally['ahead']}, "
+          f"behind: {tally['behind']}")
+
+
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--summary"]
-    d = args[0] if args else "bench/out"
-    summary(d) if "--summary" in sys.argv else main(d)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    dirs = args or ["bench/out"]
+    if "--summary" in sys.argv:
+        summary(dirs)
+    elif "--replicas" in sys.argv:
+        replicas(dirs)
+    else:
+        main(dirs[0])

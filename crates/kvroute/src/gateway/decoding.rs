@@ -49,8 +49,9 @@ pub const OWN_MODEL_AFTER: u64 = 16;
 #[derive(Clone, Debug, Default)]
 pub struct DecodeEstimate {
     rls: Rls,
-    /// Exponentially weighted mean, over recent routing decisions, of the requests running on
-    /// the worker (the weight of the TTFT model's load wait, [`super::ttft::WAIT_WEIGHT`]).
+    /// Exponentially weighted mean, over the fleet's recent placements, of the requests
+    /// running on the worker (the weights of the TTFT model's load wait,
+    /// [`super::ttft::wait_weight`]).
     running: f64,
 }
 
@@ -90,10 +91,10 @@ impl DecodeEstimate {
     }
 
     /// Records the requests running on the worker now (one sample per routing decision,
-    /// every candidate alike).
-    pub fn sample_running(&mut self, running: f64) {
+    /// every candidate alike) with the sample's `weight` ([`super::ttft::wait_weight`]).
+    pub fn sample_running(&mut self, running: f64, weight: f64) {
         if running.is_finite() {
-            self.running += super::ttft::WAIT_WEIGHT * (running.max(0.0) - self.running);
+            self.running += weight.clamp(0.0, 1.0) * (running.max(0.0) - self.running);
         }
     }
 
@@ -291,19 +292,19 @@ mod tests {
     fn the_recent_running_count_follows_the_samples_and_ignores_nonsense() {
         let mut m = DecodeEstimate::default();
         assert_eq!(m.mean_running(), 0.0);
-        m.sample_running(32.0);
+        m.sample_running(32.0, crate::gateway::ttft::WAIT_WEIGHT);
         assert!(
             (m.mean_running() - 1.0).abs() < 1e-12,
             "a thirty-second of the first"
         );
         for _ in 0..1_000 {
-            m.sample_running(4.0);
+            m.sample_running(4.0, crate::gateway::ttft::WAIT_WEIGHT);
         }
         assert!((m.mean_running() - 4.0).abs() < 1e-9);
-        m.sample_running(f64::NAN);
-        m.sample_running(f64::INFINITY);
+        m.sample_running(f64::NAN, crate::gateway::ttft::WAIT_WEIGHT);
+        m.sample_running(f64::INFINITY, crate::gateway::ttft::WAIT_WEIGHT);
         assert!((m.mean_running() - 4.0).abs() < 1e-9);
-        m.sample_running(-8.0);
+        m.sample_running(-8.0, crate::gateway::ttft::WAIT_WEIGHT);
         assert!(m.mean_running() >= 0.0, "a negative count counts as none");
     }
 

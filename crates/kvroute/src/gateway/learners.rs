@@ -16,7 +16,7 @@ use super::arrivals::RequestRate;
 use super::conversations::LiveCount;
 use super::decoding::{DecodeEstimate, DecodeModel};
 use super::eviction::EvictionRate;
-use super::ttft::{TtftEstimate, TtftModel};
+use super::ttft::{wait_weight, TtftEstimate, TtftModel};
 use kvroute_route::Fit;
 use std::time::Instant;
 
@@ -33,6 +33,8 @@ pub struct Learners {
     pub arrivals: RequestRate,
     /// How much of what its engine stores re-does content it evicted (the eviction charge).
     pub eviction: EvictionRate,
+    /// The fleet's placement count at the last decision's sample ([`Learners::sample`]).
+    sampled_at: u64,
 }
 
 /// What the fleet's models lend a worker without its own: the fleet's TTFT fit and decode δ,
@@ -87,10 +89,19 @@ impl Learners {
     }
 
     /// One routing decision's sample of the worker: the wait its load adds to a request sent
-    /// there now and the requests running there (every candidate alike).
-    pub fn sample(&mut self, load_wait_ms: f64, running: f64) {
-        self.ttft.sample_load_wait(load_wait_ms);
-        self.decode.sample_running(running);
+    /// there now and the requests running there (every candidate alike), when the fleet had
+    /// made `placements` placements (the registry's count, peers' included) and `replicas`
+    /// gateways share the traffic (this one and the peers heard from): weighed by the
+    /// placements made since the last sample, at most `replicas` ([`wait_weight`]), so a
+    /// replica that decides one request in N averages over the same stretch of traffic as one
+    /// that decides them all, and one gateway weighs every sample alike (a worker sampled
+    /// rarely, as one serving a model with little traffic, is not weighed by the others').
+    pub fn sample(&mut self, load_wait_ms: f64, running: f64, placements: u64, replicas: u64) {
+        let since = placements.saturating_sub(self.sampled_at);
+        let weight = wait_weight(since.min(replicas));
+        self.sampled_at = self.sampled_at.max(placements);
+        self.ttft.sample_load_wait(load_wait_ms, weight);
+        self.decode.sample_running(running, weight);
     }
 }
 
@@ -114,7 +125,7 @@ mod tests {
             l.arrivals.observe(t0 + Duration::from_millis(ms));
         }
         l.live.add(t0 + Duration::from_millis(90), 2_000.0);
-        l.sample(35.0, 3.0);
+        l.sample(35.0, 3.0, 1, 1);
         l
     }
 
@@ -155,6 +166,41 @@ mod tests {
         let lent = Lent::of(&TtftModel::default(), &DecodeModel::default());
         assert_eq!(lent.ttft, TtftEstimate::default().fit());
         assert_eq!(lent.decode_delta_ms, 0.0);
+    }
+
+    #[test]
+    fn a_replica_sampling_one_placement_in_three_follows_the_same_stretch_of_traffic() {
+        // The running count rises from 0 to 6 over 96 placements, then stays. One replica
+        // samples at every placement; one of three replicas at every third, told how many
+        // placements the fleet made since.
+        let running = |k: u64| (k as f64 / 16.0).min(6.0);
+        let (mut all, mut third) = (Learners::default(), Learners::default());
+        for k in 0..120u64 {
+            all.sample(0.0, running(k), k, 1);
+            if k % 3 == 0 {
+                third.sample(0.0, running(k), k, 3);
+            }
+        }
+        let (a, t) = (all.decode.mean_running(), third.decode.mean_running());
+        assert!(
+            (a - t).abs() < 0.05 * a,
+            "every placement {a}, every third {t}"
+        );
+        // Without the placements' count, every third sample would weigh one placement each
+        // and lag the rise.
+        let mut unweighted = Learners::default();
+        for k in (0..120u64).step_by(3) {
+            unweighted.sample(0.0, running(k), k, 1);
+        }
+        assert!(unweighted.decode.mean_running() < a - 0.3);
+        // One gateway weighs every sample as one placement, however many the fleet made
+        // since (its other workers' placements).
+        let (mut rare, mut plain) = (Learners::default(), Learners::default());
+        for k in 0..40u64 {
+            rare.sample(0.0, running(k), 10 * k, 1);
+            plain.sample(0.0, running(k), k, 1);
+        }
+        assert_eq!(rare.decode.mean_running(), plain.decode.mean_running());
     }
 
     #[test]

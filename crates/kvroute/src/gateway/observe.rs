@@ -59,6 +59,7 @@ pub fn placement(
 /// worker from `now`; with the next arrivals' charge on, whether it went where its wait was
 /// least.
 pub fn placed(registry: &Registry, chosen: &Worker, p: &Placed, now: Instant) {
+    registry.count_placement();
     chosen.learners.lock().arrivals.observe(now);
     if let Some(gap_ms) = p.gap_ms {
         registry

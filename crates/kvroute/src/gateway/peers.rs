@@ -329,6 +329,11 @@ impl Peers {
         self.metrics.peers_heard.set(remotes.len() as i64);
     }
 
+    /// Replicas heard from (not timed out, not this one).
+    pub fn heard(&self) -> usize {
+        self.remotes.lock().len()
+    }
+
     /// Other replicas' bookings held here.
     pub fn remote_bookings(&self) -> usize {
         self.remotes.lock().values().map(|r| r.guards.len()).sum()

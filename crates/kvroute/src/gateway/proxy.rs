@@ -352,7 +352,7 @@ fn decide<'a>(st: &Arc<AppState>, a: &'a Admitted, explain: bool) -> Decided<'a>
     // the prompt it need not pull).
     let decode = pd.as_ref().map(|p| {
         let d = rank_pool(&p.decode);
-        sample_load_waits(&d);
+        sample_load_waits(st, &d);
         d
     });
     Decided {
@@ -368,7 +368,7 @@ fn record_decision(st: &AppState, ranked: &Ranked<'_>, policy: PolicyKind) {
     st.metrics
         .expected_follow_ups
         .set(ranked.decision.follow_ups);
-    sample_load_waits(ranked);
+    sample_load_waits(st, ranked);
     st.metrics
         .decision_seconds
         .with_label_values(&[policy.name()])
@@ -451,12 +451,15 @@ async fn serve(
 }
 
 /// Each ranked worker's load wait and running requests, sampled once per decision (every
-/// candidate alike).
-fn sample_load_waits(r: &Ranked<'_>) {
+/// candidate alike), weighed by the fleet's placements since each worker's last sample (at
+/// most one per replica sharing the traffic).
+fn sample_load_waits(st: &AppState, r: &Ranked<'_>) {
+    let placements = st.registry.placements();
+    let replicas = 1 + st.peers.heard() as u64;
     for (c, w) in r.decision.candidates.iter().zip(&r.order) {
         w.learners
             .lock()
-            .sample(c.load_delay_ms, c.work.running as f64);
+            .sample(c.load_delay_ms, c.work.running as f64, placements, replicas);
     }
 }
 

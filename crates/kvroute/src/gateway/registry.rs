@@ -326,6 +326,9 @@ pub struct Registry {
     /// The share of requests that went where their wait was least (the next arrivals' charge).
     pub least_loaded: LeastLoaded,
     pub wire_stats: Arc<WireStats>,
+    /// Placements recorded (`observe::placed`: this replica's and its peers'): the clock of
+    /// the learners' per-decision samples.
+    placements: AtomicU64,
 }
 
 impl Registry {
@@ -340,7 +343,18 @@ impl Registry {
             turns: TurnStats::default(),
             least_loaded: LeastLoaded::default(),
             wire_stats: Arc::new(WireStats::new()),
+            placements: AtomicU64::new(0),
         }
+    }
+
+    /// Placements recorded so far, this replica's and its peers'.
+    pub fn placements(&self) -> u64 {
+        self.placements.load(Ordering::Relaxed)
+    }
+
+    /// Counts one placement ([`super::observe::placed`]).
+    pub fn count_placement(&self) {
+        self.placements.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn all(&self) -> Vec<Arc<Worker>> {

@@ -347,10 +347,21 @@ pub struct TtftView {
 /// Observations a worker's own model needs before it is trusted over the fleet's.
 pub const OWN_MODEL_AFTER: u64 = 16;
 
-/// Weight of the newest decision in a worker's load wait: about the last 32 decisions, the
+/// Weight of one placement in a worker's load wait: about the last 32 placements, the
 /// seconds within which a conversation's next turn arrives at hundreds of requests per
 /// minute; a queue that comes and goes between two decisions is averaged out.
 pub const WAIT_WEIGHT: f64 = 1.0 / 32.0;
+
+/// The weight of a decision's sample when `decisions` of the fleet's placements (this
+/// replica's and, with `[peers] learning`, its peers') were made since the worker's last
+/// sample: what `decisions` samples of [`WAIT_WEIGHT`] each would have given. One replica
+/// samples at every placement (`decisions` = 1: [`WAIT_WEIGHT`]); each of N replicas samples
+/// about one placement in N, so weighing its samples by the placements between them keeps the
+/// mean over the same recent stretch of the fleet's traffic at any replica count.
+pub fn wait_weight(decisions: u64) -> f64 {
+    let k = decisions.clamp(1, 1 << 16) as i32;
+    1.0 - (1.0 - WAIT_WEIGHT).powi(k)
+}
 
 /// One worker's (or the fleet's) TTFT as a plain estimator: the fit and the wait its load
 /// recently added ([`TtftModel`] shares the fleet's between threads; a worker's is one of its
@@ -358,8 +369,8 @@ pub const WAIT_WEIGHT: f64 = 1.0 / 32.0;
 #[derive(Clone, Debug, Default)]
 pub struct TtftEstimate {
     rls: Rls,
-    /// Exponentially weighted mean, over recent routing decisions, of the wait the worker's
-    /// load added to a request sent there (ms).
+    /// Exponentially weighted mean, over the fleet's recent placements, of the wait the
+    /// worker's load added to a request sent there (ms).
     wait: f64,
 }
 
@@ -370,10 +381,11 @@ impl TtftEstimate {
     }
 
     /// Records the wait the worker's load adds to a request sent there now (one sample per
-    /// routing decision, every candidate alike); a wait that is not a number is ignored.
-    pub fn sample_load_wait(&mut self, now_ms: f64) {
+    /// routing decision, every candidate alike) with the sample's `weight` ([`wait_weight`]);
+    /// a wait that is not a number is ignored.
+    pub fn sample_load_wait(&mut self, now_ms: f64, weight: f64) {
         if now_ms.is_finite() {
-            self.wait += WAIT_WEIGHT * (now_ms.max(0.0) - self.wait);
+            self.wait += weight.clamp(0.0, 1.0) * (now_ms.max(0.0) - self.wait);
         }
     }
 
@@ -555,7 +567,7 @@ mod tests {
     fn a_workers_load_wait_is_the_mean_of_recent_samples_and_forgets_a_passing_queue() {
         let mut m = TtftEstimate::default();
         for _ in 0..256 {
-            m.sample_load_wait(40.0);
+            m.sample_load_wait(40.0, WAIT_WEIGHT);
         }
         assert!(
             (m.load_wait_ms() - 40.0).abs() < 0.1,
@@ -563,19 +575,44 @@ mod tests {
             m.load_wait_ms()
         );
         // One decision that saw a long queue moves the mean by a thirty-second of it.
-        m.sample_load_wait(360.0);
+        m.sample_load_wait(360.0, WAIT_WEIGHT);
         assert!(
             (m.load_wait_ms() - 50.0).abs() < 0.1,
             "{}",
             m.load_wait_ms()
         );
         for _ in 0..256 {
-            m.sample_load_wait(0.0);
+            m.sample_load_wait(0.0, WAIT_WEIGHT);
         }
         assert!(m.load_wait_ms() < 0.1);
-        m.sample_load_wait(f64::NAN);
-        m.sample_load_wait(-5.0);
+        m.sample_load_wait(f64::NAN, WAIT_WEIGHT);
+        m.sample_load_wait(-5.0, WAIT_WEIGHT);
         assert!(m.load_wait_ms().is_finite() && m.load_wait_ms() >= 0.0);
+    }
+
+    #[test]
+    fn one_sample_after_k_placements_weighs_what_k_samples_of_the_same_wait_would() {
+        for k in [1u64, 2, 3, 7, 32, 100] {
+            let (mut once, mut each) = (TtftEstimate::default(), TtftEstimate::default());
+            once.sample_load_wait(10.0, WAIT_WEIGHT);
+            each.sample_load_wait(10.0, WAIT_WEIGHT);
+            once.sample_load_wait(90.0, wait_weight(k));
+            for _ in 0..k {
+                each.sample_load_wait(90.0, WAIT_WEIGHT);
+            }
+            assert!(
+                (once.load_wait_ms() - each.load_wait_ms()).abs() < 1e-9,
+                "k = {k}: {} against {}",
+                once.load_wait_ms(),
+                each.load_wait_ms()
+            );
+        }
+        assert_eq!(
+            wait_weight(0),
+            WAIT_WEIGHT,
+            "a sample weighs at least one placement"
+        );
+        assert!(wait_weight(u64::MAX) <= 1.0);
     }
 
     #[test]

@@ -200,7 +200,11 @@ fn a_new_conversation_starts_where_its_later_turns_stall_the_fewest_decoding_req
     store(&registry, "a", &prompt[..3072]);
     teach_conversations(&registry, 5, 1000, 100.0);
     for _ in 0..2000 {
-        workers[0].learners.lock().decode.sample_running(3.0);
+        workers[0]
+            .learners
+            .lock()
+            .decode
+            .sample_running(3.0, crate::gateway::ttft::WAIT_WEIGHT);
     }
     let run = |weights: &PolicyWeights, follow_up: bool| {
         weighed_decision(&registry, &workers, &prompt, follow_up, None, weights)
@@ -401,7 +405,11 @@ fn a_new_conversations_later_turns_are_charged_the_decode_they_will_share() {
     // One answer beside the four requests running now: δ·Ō·R. A new conversation brings
     // k more, each beside the two that have recently run there.
     for _ in 0..2000 {
-        workers[0].learners.lock().decode.sample_running(2.0);
+        workers[0]
+            .learners
+            .lock()
+            .decode
+            .sample_running(2.0, crate::gateway::ttft::WAIT_WEIGHT);
     }
     let delta = registry.fleet_decode.ms_per_running();
     let (now, recent) = (
