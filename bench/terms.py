@@ -55,6 +55,16 @@ def load(dirs):
     return runs
 
 
+def difference(first, second, name):
+    """The difference of `name`'s means over two sets of runs (first − second) and the noise
+    (the larger of the two ranges), both unscaled; None where either set lacks the figure."""
+    a = [figure(t, name) for t in first if figure(t, name) is not None]
+    b = [figure(t, name) for t in second if figure(t, name) is not None]
+    if not a or not b:
+        return None
+    return statistics.mean(a) - statistics.mean(b), max(max(a) - min(a), max(b) - min(b))
+
+
 def main(d):
     runs = load(d)
     cells = sorted({(c, r) for c, r, _ in runs})
@@ -72,13 +82,11 @@ def main(d):
                 continue
             row = []
             for name, better in FIGURES:
-                a = [figure(t, name) for t in on if figure(t, name) is not None]
-                b = [figure(t, name) for t in off if figure(t, name) is not None]
-                if not a or not b:
+                got = difference(on, off, name)
+                if got is None:
                     row.append("—")
                     continue
-                delta = statistics.mean(a) - statistics.mean(b)
-                noise = max(max(a) - min(a), max(b) - min(b))
+                delta, noise = got
                 scale = 100 if name == "reuse" else 1
                 mark = ""
                 if abs(delta) > noise:
@@ -132,14 +140,12 @@ def replicas(dirs):
             continue
         row, behind = [], []
         for name, better in FIGURES:
-            a = [figure(t, name) for t in three if figure(t, name) is not None]
-            b = [figure(t, name) for t in one if figure(t, name) is not None]
-            if not a or not b:
+            got = difference(three, one, name)
+            if got is None:
                 row.append("—")
                 continue
             scale = 100 if name == "reuse" else 1
-            diff = (statistics.mean(a) - statistics.mean(b)) * scale
-            noise = max(max(a) - min(a), max(b) - min(b)) * scale
+            diff, noise = got[0] * scale, got[1] * scale
             if abs(diff) <= noise:
                 mark = ""
                 tally["within"] += 1
