@@ -3,7 +3,8 @@
 //!
 //! Owns: [`Learners`] (the worker's TTFT fit and load wait, its decode fit and recent running
 //! count, its live conversations, its request rate and its re-prefill rate: each the plain
-//! estimator of its own module), [`Lent`] (what the fleet's models lend a worker that has not
+//! estimator of its own module; and the fleet's placement count at its last decision sample,
+//! which weighs the next), [`Lent`] (what the fleet's models lend a worker that has not
 //! learned its own yet, read once per decision) and [`Readings`] (every learned figure a
 //! decision takes from one worker, at one instant).
 //! Invariants: a worker's learners live behind exactly one lock ([`super::registry::Worker`]'s
