@@ -2,7 +2,8 @@
 //! others' requests in flight the moment they are sent, with no engine poll between; a replica
 //! that is killed, cut off or restarted costs the others its bookings (dropped at its silence
 //! or its new incarnation), never a request; replicas sharing what they learn decide a request
-//! alike whichever of them it reaches.
+//! alike whichever of them it reaches, and weigh each sample of a worker's load by the
+//! placements the fleet made since their last (at most one per replica heard from).
 
 use crate::common;
 
@@ -162,6 +163,65 @@ async fn peered_replicas_count_each_others_requests_in_flight_with_no_engine_pol
             "kvroute_peer_messages_total{direction=\"received\",kind=\"done\"}"
         ) >= 3.0
     );
+    for g in [a, b, c] {
+        g.shutdown().await;
+    }
+}
+
+/// The requests recently running on the only worker, as `gw` has sampled them.
+fn mean_running(gw: &GatewayHandle) -> f64 {
+    gw.state.registry.all()[0]
+        .learners
+        .lock()
+        .decode
+        .mean_running()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_sample_weighs_its_peers_placements_since_the_last_at_most_one_per_replica_heard(
+) {
+    let f = fleet(0.05).await;
+    let (a, b, c) = (
+        replica(&f, "a").await,
+        replica(&f, "b").await,
+        replica(&f, "c").await,
+    );
+    join(&[&a, &b, &c]);
+    common::wait_until(common::WAIT, "a hearing from b and c", || async {
+        a.state.peers.heard() == 2
+    })
+    .await;
+    // Four long requests placed by b and c: a counts their placements and their requests in
+    // flight, and has sampled nothing yet.
+    let tasks: Vec<_> = (0..4)
+        .map(|k| {
+            let front = if k % 2 == 0 { &b } else { &c };
+            send(front.addr.to_string(), prompt(800 + k, 200), 400)
+        })
+        .collect();
+    common::wait_until(common::WAIT, "a counting four placements", || async {
+        a.state.registry.placements() == 4 && running(&a) == 4
+    })
+    .await;
+    assert_eq!(mean_running(&a), 0.0);
+    // a's own decision samples the four running there once, weighed as the three placements
+    // one replica in three would have sampled (uncapped: four; peers' placements uncounted: one).
+    let own = send(a.addr.to_string(), prompt(900, 200), 400);
+    common::wait_until(common::WAIT, "a placing its own request", || async {
+        a.state.registry.placements() == 5
+    })
+    .await;
+    assert_eq!(running(&a), 5, "no request ended while a decided");
+    let expected = 4.0 * kvroute::gateway::ttft::wait_weight(3);
+    let got = mean_running(&a);
+    assert!(
+        (got - expected).abs() < 1e-9,
+        "a's sample weighs {} placements' worth, not 3",
+        (1.0 - got / 4.0).ln() / (1.0 - kvroute::gateway::ttft::WAIT_WEIGHT).ln()
+    );
+    for t in tasks.into_iter().chain([own]) {
+        t.abort();
+    }
     for g in [a, b, c] {
         g.shutdown().await;
     }
