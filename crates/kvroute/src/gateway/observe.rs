@@ -113,6 +113,7 @@ pub fn from_peer(registry: &Registry, l: Learned, now: Instant) -> Result<(), &'
             registry
                 .follow_ups
                 .remember(p.prompt, p.gap_ms.is_some(), now);
+            registry.count_peer_placement();
             placed(registry, &w, &p, now);
         }
         Learned::Ttft { worker, work, ms } => {

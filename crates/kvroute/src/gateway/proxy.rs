@@ -305,6 +305,16 @@ fn record_placement(
     }
 }
 
+/// The request's turn among equal candidates: this gateway's decisions plus the placements
+/// its peers announced, so replicas sharing what they learn take turns across the fleet as one
+/// gateway does (each counting its own alone, the first request each replica sees after a
+/// quiet spell would take the same worker). A gateway alone counts its own decisions.
+fn tie_break_turn(st: &AppState) -> u64 {
+    st.rr
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_add(st.registry.peer_placements())
+}
+
 /// Decides where an admitted request goes: its follow-up status (recorded once here), the
 /// readings the placement brings up to date ([`prepare`]), the routing core's ranking of the
 /// first pool (the prefill pool of a split model, then its decode pool), the decision's
@@ -322,7 +332,7 @@ fn decide<'a>(st: &Arc<AppState>, a: &'a Admitted, explain: bool) -> Decided<'a>
     if turn_gap.is_some() {
         st.metrics.follow_ups.inc();
     }
-    let rr = st.rr.fetch_add(1, Ordering::Relaxed);
+    let rr = tie_break_turn(st);
     let pd = disagg::pools(&a.workers);
     let weights = st.config().weights.clone();
     let max_tokens = a

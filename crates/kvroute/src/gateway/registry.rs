@@ -329,6 +329,8 @@ pub struct Registry {
     /// Placements recorded (`observe::placed`: this replica's and its peers'): the clock of
     /// the learners' per-decision samples.
     placements: AtomicU64,
+    /// The part of `placements` that peers announced ([`super::observe::from_peer`]).
+    peer_placements: AtomicU64,
 }
 
 impl Registry {
@@ -344,6 +346,7 @@ impl Registry {
             least_loaded: LeastLoaded::default(),
             wire_stats: Arc::new(WireStats::new()),
             placements: AtomicU64::new(0),
+            peer_placements: AtomicU64::new(0),
         }
     }
 
@@ -355,6 +358,16 @@ impl Registry {
     /// Counts one placement ([`super::observe::placed`]).
     pub fn count_placement(&self) {
         self.placements.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Placements announced by peers so far (0 for a gateway alone or sharing only bookings).
+    pub fn peer_placements(&self) -> u64 {
+        self.peer_placements.load(Ordering::Relaxed)
+    }
+
+    /// Counts one placement a peer announced (besides [`Registry::count_placement`]).
+    pub fn count_peer_placement(&self) {
+        self.peer_placements.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn all(&self) -> Vec<Arc<Worker>> {

@@ -3,7 +3,8 @@
 //! that is killed, cut off or restarted costs the others its bookings (dropped at its silence
 //! or its new incarnation), never a request; replicas sharing what they learn decide a request
 //! alike whichever of them it reaches, and weigh each sample of a worker's load by the
-//! placements the fleet made since their last (at most one per replica heard from).
+//! placements the fleet made since their last (at most one per replica heard from), and take
+//! turns among equal workers across the fleet as one gateway does.
 
 use crate::common;
 
@@ -221,6 +222,61 @@ async fn a_replicas_sample_weighs_its_peers_placements_since_the_last_at_most_on
     );
     for t in tasks.into_iter().chain([own]) {
         t.abort();
+    }
+    for g in [a, b, c] {
+        g.shutdown().await;
+    }
+}
+
+/// Sends a completion through `front` with the decision asked for; the worker it went to.
+async fn placed_on(front: String, p: Vec<u32>) -> String {
+    let r = reqwest::Client::new()
+        .post(format!("http://{front}/v1/completions"))
+        .header("x-kvroute-explain", "1")
+        .json(&json!({"model": PRESET, "prompt": p, "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let d: Value =
+        serde_json::from_str(r.headers()["x-kvroute-decision"].to_str().unwrap()).unwrap();
+    let _ = r.bytes().await;
+    d["worker"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peered_replicas_take_turns_among_equal_workers_across_the_fleet_as_one_gateway_does() {
+    let cfg = WorkerConfig::for_preset(PRESET).unwrap();
+    let f = Fleet::start(FleetOptions::new(cfg, 4)).await.unwrap();
+    let (a, b, c) = (
+        replica(&f, "a").await,
+        replica(&f, "b").await,
+        replica(&f, "c").await,
+    );
+    join(&[&a, &b, &c]);
+    let replicas = [&a, &b, &c];
+    // Eight new prompts, one at a time on an idle fleet (every worker equal), request i to
+    // replica i mod 3: each replica counting only its own turns would send the first request
+    // each of them sees to the same worker.
+    let mut chosen = Vec::new();
+    for i in 0..8usize {
+        let front = replicas[i % 3].addr.to_string();
+        chosen.push(placed_on(front, prompt(300 + i as u32, 64)).await);
+        common::wait_until(
+            common::WAIT,
+            "every replica counting the placement",
+            || async {
+                replicas.iter().all(|g| {
+                    g.state.registry.placements() == i as u64 + 1
+                        && g.state.registry.all().iter().all(|w| w.running() == 0)
+                })
+            },
+        )
+        .await;
+    }
+    for four in chosen.chunks(4) {
+        let distinct: std::collections::BTreeSet<&String> = four.iter().collect();
+        assert_eq!(distinct.len(), 4, "equal workers take turns: {chosen:?}");
     }
     for g in [a, b, c] {
         g.shutdown().await;
