@@ -74,6 +74,17 @@ fn join_sharing(replicas: &[&GatewayHandle], learning: bool) {
     }
 }
 
+/// Replicas a, b and c in front of `f`, joined, sharing what they learn.
+async fn three_joined(f: &Fleet) -> (GatewayHandle, GatewayHandle, GatewayHandle) {
+    let (a, b, c) = (
+        replica(f, "a").await,
+        replica(f, "b").await,
+        replica(f, "c").await,
+    );
+    join(&[&a, &b, &c]);
+    (a, b, c)
+}
+
 fn prompt(seed: u32, n: usize) -> Vec<u32> {
     (0..n as u32)
         .map(|i| (seed * 131 + i * 7) % 1000 + 3)
@@ -116,12 +127,7 @@ async fn peers_view(admin: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peered_replicas_count_each_others_requests_in_flight_with_no_engine_poll_between() {
     let f = fleet(0.05).await;
-    let (a, b, c) = (
-        replica(&f, "a").await,
-        replica(&f, "b").await,
-        replica(&f, "c").await,
-    );
-    join(&[&a, &b, &c]);
+    let (a, b, c) = three_joined(&f).await;
     let tasks: Vec<_> = (0..3)
         .map(|k| send(b.addr.to_string(), prompt(600 + k, 200), 64))
         .collect();
@@ -182,12 +188,7 @@ fn mean_running(gw: &GatewayHandle) -> f64 {
 async fn a_replicas_sample_weighs_its_peers_placements_since_the_last_at_most_one_per_replica_heard(
 ) {
     let f = fleet(0.05).await;
-    let (a, b, c) = (
-        replica(&f, "a").await,
-        replica(&f, "b").await,
-        replica(&f, "c").await,
-    );
-    join(&[&a, &b, &c]);
+    let (a, b, c) = three_joined(&f).await;
     common::wait_until(common::WAIT, "a hearing from b and c", || async {
         a.state.peers.heard() == 2
     })
@@ -228,40 +229,26 @@ async fn a_replicas_sample_weighs_its_peers_placements_since_the_last_at_most_on
     }
 }
 
-/// Sends a completion through `front` with the decision asked for; the worker it went to.
-async fn placed_on(front: String, p: Vec<u32>) -> String {
-    let r = reqwest::Client::new()
-        .post(format!("http://{front}/v1/completions"))
-        .header("x-kvroute-explain", "1")
-        .json(&json!({"model": PRESET, "prompt": p, "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let d: Value =
-        serde_json::from_str(r.headers()["x-kvroute-decision"].to_str().unwrap()).unwrap();
-    let _ = r.bytes().await;
-    d["worker"].as_str().unwrap().to_string()
+/// Sends a completion through `gw`; the worker it went to (every decision is explained).
+async fn placed_on(gw: &GatewayHandle, p: Vec<u32>) -> String {
+    let body = json!({"model": PRESET, "prompt": p, "max_tokens": 4});
+    let (status, decision, _) = common::post_completion(gw, &body).await;
+    assert_eq!(status, 200);
+    decision["worker"].as_str().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peered_replicas_take_turns_among_equal_workers_across_the_fleet_as_one_gateway_does() {
     let cfg = WorkerConfig::for_preset(PRESET).unwrap();
     let f = Fleet::start(FleetOptions::new(cfg, 4)).await.unwrap();
-    let (a, b, c) = (
-        replica(&f, "a").await,
-        replica(&f, "b").await,
-        replica(&f, "c").await,
-    );
-    join(&[&a, &b, &c]);
+    let (a, b, c) = three_joined(&f).await;
     let replicas = [&a, &b, &c];
     // Eight new prompts, one at a time on an idle fleet (every worker equal), request i to
     // replica i mod 3: each replica counting only its own turns would send the first request
     // each of them sees to the same worker.
     let mut chosen = Vec::new();
     for i in 0..8usize {
-        let front = replicas[i % 3].addr.to_string();
-        chosen.push(placed_on(front, prompt(300 + i as u32, 64)).await);
+        chosen.push(placed_on(replicas[i % 3], prompt(300 + i as u32, 64)).await);
         common::wait_until(
             common::WAIT,
             "every replica counting the placement",
