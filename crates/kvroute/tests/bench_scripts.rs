@@ -1,8 +1,9 @@
 //! The analysis scripts under `bench/` whose figures `docs/routing.md` and
 //! `docs/routing-analyses.md` quote (`matrix.py`, `paired.py`, `means.py`, `crossing.py`,
-//! `floor.py`, `prederr.py`, `tails.py`, `followers.py`), each run with python3 over a few files
-//! written into a scratch directory the way `bench/peers.sh` and `kvroute bench --requests-log`
-//! write them (`CELL.ROUTER.RUN.json`, `.requests.jsonl`, `.metrics.prom`, `.workers.json`):
+//! `floor.py`, `prederr.py`, `tails.py`, `followers.py`, `decisions.py`), each run with python3
+//! over a few files written into a scratch directory the way `bench/peers.sh`, `kvroute bench
+//! --requests-log` and `KVROUTE_DECISION_LOG` write them (`CELL.ROUTER.RUN.json`,
+//! `.requests.jsonl`, `.metrics.prom`, `.workers.json`, decision logs):
 //! every figure a script prints equals one computed by hand from round inputs, and what each
 //! script's docstring promises (percentile ranks `int(p/100 · n)`, failures left out, the first
 //! run of each router, the crossers) holds. The scripts use Python's standard library only;
@@ -640,4 +641,67 @@ fn followers_counts_the_prompts_sent_to_a_requests_worker_within_the_window() {
          median relative error 20.0 %, within 10 % 0 %, mean predicted - observed -20.0 ms",
     ];
     assert_eq!(out.lines().collect::<Vec<_>>(), want);
+}
+
+/// One decision-log line (the fields `decisions.py` reads of what `KVROUTE_DECISION_LOG`
+/// writes): a prompt of `tokens`, sent to `to`, two workers w0 and w1 with `running` requests
+/// each at decision time.
+fn decision(tokens: u64, to: &str, running: [u64; 2]) -> String {
+    let worker = |i: usize| {
+        json!({"name": format!("w{i}"), "cached": 0, "queued_tokens": 10 * running[i],
+               "running": running[i], "ttft": [20.0, 0.05, 0.0, 0.0], "load_wait_ms": 0.0})
+    };
+    let cand = |i: usize| {
+        json!({"worker": format!("w{i}"), "predicted_ttft_ms": 100.0 + 10.0 * i as f64,
+               "predicted_cached": 16 * i as u64})
+    };
+    let line = json!({
+        "request": {"tokens": tokens, "follow_up": false, "rr": 0},
+        "snapshot": {"workers": [worker(0), worker(1)]},
+        "decision": {"worker": to, "candidates": [cand(0), cand(1)]},
+    });
+    format!("{line}\n")
+}
+
+#[test]
+fn decisions_counts_the_requests_sent_elsewhere_and_the_chosen_workers_mean_load() {
+    let d = Scratch::new("decisions");
+    let one = [
+        decision(100, "w0", [0, 0]),
+        decision(200, "w1", [1, 0]),
+        decision(300, "w0", [0, 1]),
+        decision(400, "w1", [1, 1]),
+    ];
+    let mut three = one.clone();
+    three[1] = decision(200, "w0", [1, 0]);
+    three[3] = decision(999, "w0", [1, 1]);
+    let a = d.write_as("one.jsonl", &one.concat());
+    let b = d.write_as("three.jsonl", &three.concat());
+    let out = python("decisions.py", &[&a, &b]);
+    // The fourth pair's prompts differ: three pairs compared, the second sent elsewhere.
+    assert!(
+        out.contains("decision 3: the prompts differ (400 against 999 tokens)"),
+        "{out}"
+    );
+    assert!(out.contains("decision 1: w1 against w0"), "{out}");
+    assert!(
+        out.contains("1 of 3 decisions went to another worker"),
+        "{out}"
+    );
+    // The first log's chosen workers: w0 (0 running), w1 (0), w0 (0): mean 0, TTFT (100 + 110
+    // + 100) / 3; the second's: w0 (0), w0 (1), w0 (0): 0.33 running, 3 tokens queued.
+    assert!(
+        out.contains(
+            "one.jsonl: chosen worker's running 0.00, queued 0 tokens, predicted TTFT 103.3 ms, \
+             predicted cached 5 tokens"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "three.jsonl: chosen worker's running 0.33, queued 3 tokens, predicted TTFT 100.0 \
+             ms, predicted cached 0 tokens"
+        ),
+        "{out}"
+    );
 }
