@@ -329,9 +329,11 @@ impl Peers {
         self.metrics.peers_heard.set(remotes.len() as i64);
     }
 
-    /// Replicas heard from (not timed out, not this one).
+    /// Replicas heard from (not timed out, not this one): the gauge every change of the
+    /// remotes refreshes ([`Peers::refresh_gauges`]), read without their lock (each routing
+    /// decision reads it).
     pub fn heard(&self) -> usize {
-        self.remotes.lock().len()
+        self.metrics.peers_heard.get().max(0) as usize
     }
 
     /// Other replicas' bookings held here.

@@ -352,14 +352,14 @@ pub const OWN_MODEL_AFTER: u64 = 16;
 /// minute; a queue that comes and goes between two decisions is averaged out.
 pub const WAIT_WEIGHT: f64 = 1.0 / 32.0;
 
-/// The weight of a decision's sample when `decisions` of the fleet's placements (this
+/// The weight of a decision's sample when `placements` of the fleet's placements (this
 /// replica's and, with `[peers] learning`, its peers') were made since the worker's last
-/// sample: what `decisions` samples of [`WAIT_WEIGHT`] each would have given. One replica
-/// samples at every placement (`decisions` = 1: [`WAIT_WEIGHT`]); each of N replicas samples
+/// sample: what `placements` samples of [`WAIT_WEIGHT`] each would have given. One replica
+/// samples at every placement (`placements` = 1: [`WAIT_WEIGHT`]); each of N replicas samples
 /// about one placement in N, so weighing its samples by the placements between them keeps the
 /// mean over the same recent stretch of the fleet's traffic at any replica count.
-pub fn wait_weight(decisions: u64) -> f64 {
-    let k = decisions.clamp(1, 1 << 16) as i32;
+pub fn wait_weight(placements: u64) -> f64 {
+    let k = placements.clamp(1, 1 << 16) as i32;
     1.0 - (1.0 - WAIT_WEIGHT).powi(k)
 }
 
