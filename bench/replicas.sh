@@ -8,8 +8,9 @@
 #
 # A cell is WORKLOAD:PRESET:BLOCKS:RATE (4 workers). Settings: one replica (r1.defaults), three
 # peered replicas sharing bookings and what they learn (r3.peers, the default `[peers]`), three
-# sharing only their bookings (r3.bookings, `learning = false`) and three isolated ones
-# (r3.isolated), each on a fresh in-process
+# sharing only their bookings (r3.bookings, `learning = false`), three isolated ones
+# (r3.isolated), and, as a control, one replica again (r1.again: what the noise rule calls
+# ahead or behind when nothing differs), each on a fresh in-process
 # fleet (`kvroute bench --target kvroute:hybrid-aware --replicas N`, round robin per request).
 # Results: one JSON per run under $OUT and `bench/terms.py --summary`'s table (mean and range of
 # reuse and TTFT mean, p50, p99 per setting). Not part of the test command.
@@ -37,7 +38,8 @@ KV=${KVROUTE_BIN:-target/release/kvroute}
 align() { case "$1" in qwen3-next) echo 544 ;; *) echo 16 ;; esac; }
 
 settings=()
-for s in "1 defaults true true" "3 peers true true" "3 bookings true false" "3 isolated false false"; do
+for s in "1 defaults true true" "3 peers true true" "3 bookings true false" "3 isolated false false" \
+  "1 again true true"; do
   read -r _ name _ _ <<<"$s"
   case "$ONLY" in *",$name,"*) settings+=("$s") ;; esac
 done

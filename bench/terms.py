@@ -3,7 +3,8 @@
 
     python3 bench/terms.py DIR                 # the A/B table and verdicts
     python3 bench/terms.py --summary DIR...    # each setting's mean and range
-    python3 bench/terms.py --replicas DIR...   # three replicas (r3.peers) against one (r1.defaults)
+    python3 bench/terms.py --replicas DIR...   # three replicas (r3.peers) against one (r1.defaults),
+                                               # and one against itself where r1.again runs exist
 
 Each run is DIR/WORKLOAD.PRESET.BLOCKS.RATE.rREPLICAS.SETTING.REPEAT.json (`kvroute bench`'s
 JSON). SETTING is `defaults`, a default-on term's name (that term switched off) or NAME-on (a
@@ -127,20 +128,30 @@ def summary(d):
 def replicas(dirs):
     """Per cell: three peered replicas (r3.peers) against one (r1.defaults), each figure's
     difference of the means with the noise (the larger of the two ranges over the repeats),
-    and whether three replicas are within the noise, ahead or behind; then the counts."""
+    and whether three replicas are within the noise, ahead or behind; then the counts. Where
+    the runs hold a second one-replica setting (r1.again, `bench/replicas.sh --settings
+    defaults,peers,again`), the same table for one replica against itself follows: how many
+    figures the rule calls ahead or behind when nothing differs but the run."""
     runs = load(dirs)
+    compare(runs, ("r3", "peers"), ("r1", "defaults"), "3 − 1")
+    if any(s == "again" for _, _, s in runs):
+        print()
+        compare(runs, ("r1", "again"), ("r1", "defaults"), "1 − 1")
+
+
+def compare(runs, first, second, label):
     cells = sorted({c for c, _, _ in runs})
-    print("| cell | runs (3/1) | " + " | ".join(f"{n} 3 − 1 (noise)" for n, _ in FIGURES)
-          + " | behind on |")
+    print(f"| cell | runs ({first[0][1:]}/{second[0][1:]}) | "
+          + " | ".join(f"{n} {label} (noise)" for n, _ in FIGURES) + " | behind on |")
     print("|---|---|" + "---|" * len(FIGURES) + "---|")
     tally = collections.Counter()
     for cell in cells:
-        three, one = runs.get((cell, "r3", "peers")), runs.get((cell, "r1", "defaults"))
-        if not three or not one:
+        a, b = runs.get((cell, *first)), runs.get((cell, *second))
+        if not a or not b:
             continue
         row, behind = [], []
         for name, better in FIGURES:
-            got = difference(three, one, name)
+            got = difference(a, b, name)
             if got is None:
                 row.append("—")
                 continue
@@ -157,10 +168,10 @@ def replicas(dirs):
                 tally["behind"] += 1
                 behind.append(name)
             row.append(f"{diff:+.1f} ({noise:.1f}){mark}")
-        print(f"| {cell} | {len(three)}/{len(one)} | " + " | ".join(row) + " | "
+        print(f"| {cell} | {len(a)}/{len(b)} | " + " | ".join(row) + " | "
               + (", ".join(behind) or "—") + " |")
-    print(f"\nfigures within the noise: {tally['within']}, ahead: {tally['ahead']}, "
-          f"behind: {tally['behind']}")
+    print(f"\n{first[0]}.{first[1]} against {second[0]}.{second[1]}: figures within the noise: "
+          f"{tally['within']}, ahead: {tally['ahead']}, behind: {tally['behind']}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 //! The analysis scripts under `bench/` whose figures `docs/routing.md` and
 //! `docs/routing-analyses.md` quote (`matrix.py`, `paired.py`, `means.py`, `crossing.py`,
-//! `floor.py`, `prederr.py`, `tails.py`, `followers.py`, `decisions.py`), each run with python3
+//! `floor.py`, `prederr.py`, `tails.py`, `followers.py`, `decisions.py`, `terms.py`), each run with python3
 //! over a few files written into a scratch directory the way `bench/peers.sh`, `kvroute bench
 //! --requests-log` and `KVROUTE_DECISION_LOG` write them (`CELL.ROUTER.RUN.json`,
 //! `.requests.jsonl`, `.metrics.prom`, `.workers.json`, decision logs):
@@ -701,6 +701,63 @@ fn decisions_counts_the_requests_sent_elsewhere_and_the_chosen_workers_mean_load
         out.contains(
             "three.jsonl: chosen worker's running 0.33, queued 3 tokens, predicted TTFT 100.0 \
              ms, predicted cached 0 tokens"
+        ),
+        "{out}"
+    );
+}
+
+/// One `kvroute bench --json` run as `bench/terms.py` reads it: every figure fixed but the
+/// mean TTFT.
+fn replica_run(ttft_mean_ms: f64) -> String {
+    json!({"targets": [{
+        "reuse": 0.5,
+        "ttft_mean_ms": ttft_mean_ms,
+        "ttft_p50_ms": 90.0,
+        "ttft_p99_ms": 300.0,
+        "itl_ms": {"p50": 5.0},
+        "e2e_ms": {"p50": 700.0},
+    }]})
+    .to_string()
+}
+
+#[test]
+fn terms_sets_three_replicas_against_one_and_one_against_itself_as_the_noise_control() {
+    let d = Scratch::new("terms-replicas");
+    for (setting, means) in [
+        ("r1.defaults", [100.0, 102.0]),
+        ("r3.peers", [110.0, 111.0]),
+    ] {
+        for (rep, m) in means.into_iter().enumerate() {
+            d.write_as(
+                &format!("tiny.llama.120.8.{setting}.{}.json", rep + 1),
+                &replica_run(m),
+            );
+        }
+    }
+    // Without a second one-replica setting: the replicas' table alone.
+    let out = python("terms.py", &["--replicas", &d.path()]);
+    // Mean TTFT 110.5 against 101 with a noise of 2 (one replica's range): behind.
+    assert!(out.contains("+9.5 (2.0) **behind**"), "{out}");
+    assert!(
+        out.contains(
+            "r3.peers against r1.defaults: figures within the noise: 5, ahead: 0, behind: 1"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("r1.again"), "{out}");
+    // One replica again: its mean 102 against 101, within the noise (2).
+    for (rep, m) in [101.0, 103.0].into_iter().enumerate() {
+        d.write_as(
+            &format!("tiny.llama.120.8.r1.again.{}.json", rep + 1),
+            &replica_run(m),
+        );
+    }
+    let out = python("terms.py", &["--replicas", &d.path()]);
+    assert!(out.contains("| ttft_mean_ms 1 − 1 (noise) |"), "{out}");
+    assert!(out.contains("+1.0 (2.0)"), "{out}");
+    assert!(
+        out.contains(
+            "r1.again against r1.defaults: figures within the noise: 6, ahead: 0, behind: 0"
         ),
         "{out}"
     );
