@@ -59,6 +59,9 @@ pub(crate) struct Roster {
     by_holder: Vec<Option<HolderInfo>>,
     /// Ranks (sorted indexes) without a shared full-attention group: always predicted.
     always: Vec<usize>,
+    /// Each worker whose layout is known, ascending, with its first such rank's lookup
+    /// parameters: [`Index::params_of`] of every worker, read without a rank's lock.
+    params: Vec<(WorkerId, u32, Params)>,
 }
 
 impl Roster {
@@ -68,10 +71,13 @@ impl Roster {
             by_holder: vec![None; runs.holder_slots()],
             ..Roster::default()
         };
-        for (at, (_, rank)) in ranks.sorted.iter().enumerate() {
+        for (at, ((worker, dp_rank), rank)) in ranks.sorted.iter().enumerate() {
             let r = rank.read();
             let plan = r.plan();
             let Some(p) = plan.params else { continue };
+            if roster.params.last().is_none_or(|(w, _, _)| w != worker) {
+                roster.params.push((worker.clone(), *dp_rank, p));
+            }
             if !r.offload.is_empty() {
                 // A tier can serve a request the device holds nothing of.
                 roster.always.push(at);
@@ -160,33 +166,49 @@ impl Index {
         out
     }
 
-    /// [`Index::params_of`] of each worker of `workers`, in their order, under one read of the
-    /// rank map: what a router asks for every candidate that hits nothing. Workers listed in
-    /// ascending order (as a registry lists them) are found by walking the map forward from
-    /// the last one found (a galloping search), others by a search of the whole map; both
-    /// answer exactly as `params_of` (property-tested).
+    /// [`Index::params_of`] of each worker of `workers`, in their order, from the roster of
+    /// the current layouts (rebuilt, as for a prediction, when a layout changed): what a
+    /// router asks for every candidate that hits nothing. Workers listed in ascending order
+    /// (as a registry lists them) are found by walking the roster forward from the last one
+    /// found (the same name first, then a galloping search), others by a search of the whole
+    /// roster; both answer exactly as `params_of` (property-tested).
     pub fn params_of_each(&self, workers: &[&WorkerId]) -> Vec<Option<(u32, Params)>> {
-        let ranks = self.ranks.read();
-        let sorted = &ranks.sorted;
-        // Where the last worker's ranks start, and that worker.
+        let roster = {
+            let ranks = self.ranks.read();
+            self.roster_of(&ranks)
+        };
+        let known = &roster.params;
+        // Where the last worker was looked for, and that worker.
         let mut from = 0;
         let mut last: Option<&str> = None;
         workers
             .iter()
             .map(|worker| {
                 let w: &str = worker;
-                let start = match last {
-                    // Not ascending: search the whole map.
-                    Some(l) if w < l => sorted.partition_point(|((x, _), _)| &**x < w),
-                    _ => from + gallop(&sorted[from..], |((x, _), _)| &**x < w),
+                let at = match (last, known.get(from)) {
+                    // Not ascending: search the whole roster.
+                    (Some(l), _) if w < l => known.partition_point(|(x, _, _)| &**x < w),
+                    // The registry's and the index's names are usually one allocation.
+                    (_, Some((x, _, _))) if Arc::ptr_eq(x, worker) => from,
+                    _ => from + gallop(&known[from..], |(x, _, _)| &**x < w),
                 };
-                (from, last) = (start, Some(w));
-                sorted[start..]
-                    .iter()
-                    .take_while(|((x, _), _)| &**x == w)
-                    .find_map(|((_, d), r)| r.read().params().map(|p| (*d, p)))
+                (from, last) = (at, Some(w));
+                known
+                    .get(at)
+                    .filter(|(x, _, _)| &**x == w)
+                    .map(|(_, d, p)| (*d, *p))
             })
             .collect()
+    }
+
+    /// The roster of the current layouts; the store's lock is taken only to rebuild it.
+    fn roster_of(&self, ranks: &Ranks) -> Arc<Roster> {
+        let gen = self.layout_gen.load(Ordering::Acquire);
+        if let Some(r) = self.roster.lock().as_ref().filter(|r| r.gen == gen) {
+            return r.clone();
+        }
+        let runs = self.runs.read();
+        self.current_roster(ranks, &runs)
     }
 
     fn current_roster(&self, ranks: &Ranks, runs: &Runs) -> Arc<Roster> {
@@ -374,6 +396,27 @@ mod tests {
         assert_eq!(super::gallop(&[] as &[u32], |x| *x < 3), 0);
     }
 
+    #[test]
+    fn params_of_each_sees_a_worker_added_after_it_was_last_asked() {
+        let index = Index::new();
+        index.apply(&store("a", 0, CacheKind::FullAttention, &[1]));
+        let (a, b): (crate::WorkerId, crate::WorkerId) = ("a".into(), "b".into());
+        assert_eq!(
+            index
+                .params_of_each(&[&a, &b])
+                .iter()
+                .map(Option::is_some)
+                .collect::<Vec<_>>(),
+            [true, false]
+        );
+        index.apply(&store("b", 0, CacheKind::FullAttention, &[2]));
+        assert_eq!(
+            index.params_of_each(&[&a, &b]),
+            vec![index.params_of(&a), index.params_of(&b)]
+        );
+        assert!(index.params_of(&b).is_some());
+    }
+
     proptest::proptest! {
         /// Against the literal model: `params_of` asked for each worker alone.
         #[test]
@@ -381,13 +424,25 @@ mod tests {
             known in proptest::collection::btree_set(0u32..40, 0..20),
             asked in proptest::collection::vec(0u32..45, 0..30),
             ascending in proptest::bool::ANY,
+            shared in proptest::bool::ANY,
         ) {
             let index = Index::new();
             for w in &known {
                 index.apply(&store(&format!("w{w:02}"), 0, CacheKind::FullAttention, &[u64::from(*w) + 1]));
             }
-            let mut names: Vec<crate::WorkerId> =
-                asked.iter().map(|w| format!("w{w:02}").as_str().into()).collect();
+            // Asked by the index's own names (one allocation, as a registry's usually are) or
+            // by equal names allocated apart.
+            let own = index.ranks();
+            let mut names: Vec<crate::WorkerId> = asked
+                .iter()
+                .map(|w| {
+                    let name = format!("w{w:02}");
+                    match own.iter().find(|(x, _)| shared && **x == *name) {
+                        Some((x, _)) => x.clone(),
+                        None => name.as_str().into(),
+                    }
+                })
+                .collect();
             if ascending {
                 names.sort();
             }
