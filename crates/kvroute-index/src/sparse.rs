@@ -170,7 +170,7 @@ impl Index {
     /// the current layouts (rebuilt, as for a prediction, when a layout changed): what a
     /// router asks for every candidate that hits nothing. Workers listed in ascending order
     /// (as a registry lists them) are found by walking the roster forward from the last one
-    /// found (the same name first, then a galloping search), others by a search of the whole
+    /// found (the next entry first, then a galloping search), others by a search of the whole
     /// roster; both answer exactly as `params_of` (property-tested).
     pub fn params_of_each(&self, workers: &[&WorkerId]) -> Vec<Option<(u32, Params)>> {
         let roster = {
@@ -185,11 +185,18 @@ impl Index {
             .iter()
             .map(|worker| {
                 let w: &str = worker;
-                let at = match (last, known.get(from)) {
+                // The worker after the last one found is the usual answer: one comparison of
+                // equality (the same allocation where the registry's names are the index's).
+                let same = |at: usize| {
+                    known
+                        .get(at)
+                        .is_some_and(|(x, _, _)| Arc::ptr_eq(x, worker) || **x == *w)
+                };
+                let at = match last {
                     // Not ascending: search the whole roster.
-                    (Some(l), _) if w < l => known.partition_point(|(x, _, _)| &**x < w),
-                    // The registry's and the index's names are usually one allocation.
-                    (_, Some((x, _, _))) if Arc::ptr_eq(x, worker) => from,
+                    Some(l) if w < l => known.partition_point(|(x, _, _)| &**x < w),
+                    Some(_) if same(from + 1) => from + 1,
+                    _ if same(from) => from,
                     _ => from + gallop(&known[from..], |(x, _, _)| &**x < w),
                 };
                 (from, last) = (at, Some(w));
