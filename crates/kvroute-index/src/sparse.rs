@@ -175,7 +175,7 @@ impl Index {
     pub fn params_of_each(&self, workers: &[&WorkerId]) -> Vec<Option<(u32, Params)>> {
         let roster = {
             let ranks = self.ranks.read();
-            self.roster_of(&ranks)
+            self.current_roster(&ranks, || self.runs.read())
         };
         let known = &roster.params;
         // Where the last worker was looked for, and that worker.
@@ -192,39 +192,38 @@ impl Index {
                         .get(at)
                         .is_some_and(|(x, _, _)| Arc::ptr_eq(x, worker) || **x == *w)
                 };
-                let at = match last {
+                let (at, found) = match last {
                     // Not ascending: search the whole roster.
-                    Some(l) if w < l => known.partition_point(|(x, _, _)| &**x < w),
-                    Some(_) if same(from + 1) => from + 1,
-                    _ if same(from) => from,
-                    _ => from + gallop(&known[from..], |(x, _, _)| &**x < w),
+                    Some(l) if w < l => (known.partition_point(|(x, _, _)| &**x < w), None),
+                    Some(_) if same(from + 1) => (from + 1, Some(true)),
+                    _ if same(from) => (from, Some(true)),
+                    _ => (from + gallop(&known[from..], |(x, _, _)| &**x < w), None),
                 };
                 (from, last) = (at, Some(w));
-                known
-                    .get(at)
-                    .filter(|(x, _, _)| &**x == w)
-                    .map(|(_, d, p)| (*d, *p))
+                let (_, d, p) = known.get(at)?;
+                found.unwrap_or_else(|| same(at)).then_some((*d, *p))
             })
             .collect()
     }
 
-    /// The roster of the current layouts; the store's lock is taken only to rebuild it.
-    fn roster_of(&self, ranks: &Ranks) -> Arc<Roster> {
+    /// The roster of the current layouts: the cached one while no layout changed, else one
+    /// built anew from `ranks` and the store `runs` gives (taken only then, and before the
+    /// cache's lock, the order every caller takes them in).
+    fn current_roster<R: std::ops::Deref<Target = Runs>>(
+        &self,
+        ranks: &Ranks,
+        runs: impl FnOnce() -> R,
+    ) -> Arc<Roster> {
         let gen = self.layout_gen.load(Ordering::Acquire);
         if let Some(r) = self.roster.lock().as_ref().filter(|r| r.gen == gen) {
             return r.clone();
         }
-        let runs = self.runs.read();
-        self.current_roster(ranks, &runs)
-    }
-
-    fn current_roster(&self, ranks: &Ranks, runs: &Runs) -> Arc<Roster> {
-        let gen = self.layout_gen.load(Ordering::Acquire);
+        let runs = runs();
         let mut cache = self.roster.lock();
         match &*cache {
             Some(r) if r.gen == gen => r.clone(),
             _ => {
-                let r = Arc::new(Roster::build(gen, ranks, runs));
+                let r = Arc::new(Roster::build(gen, ranks, &runs));
                 *cache = Some(r.clone());
                 r
             }
@@ -246,7 +245,7 @@ impl Index {
         self.prehash(chains);
         let ranks = self.ranks.read();
         let runs = self.runs.read();
-        let roster = self.current_roster(&ranks, &runs);
+        let roster = self.current_roster(&ranks, || &*runs);
         let (n_tokens, skip) = (chains.n_tokens, chains.skip);
         let mut visit: Vec<usize> = roster.always.clone();
         let mut touched: Vec<(u32, u32)> = Vec::with_capacity(64);
@@ -422,6 +421,20 @@ mod tests {
             vec![index.params_of(&a), index.params_of(&b)]
         );
         assert!(index.params_of(&b).is_some());
+    }
+
+    #[test]
+    fn params_of_each_answers_a_reconfigured_worker_s_new_parameters() {
+        let index = Index::new();
+        index.apply(&store("a", 0, CacheKind::FullAttention, &[1]));
+        let a: crate::WorkerId = "a".into();
+        let before = index.params_of_each(&[&a]);
+        let mut config = index.worker_config(&a);
+        config.lookup.eagle = !config.lookup.eagle;
+        index.configure_worker(&a, config);
+        let after = index.params_of_each(&[&a]);
+        assert_eq!(after, vec![index.params_of(&a)]);
+        assert_ne!(after, before, "the drop under EAGLE is a lookup parameter");
     }
 
     proptest::proptest! {
