@@ -579,6 +579,8 @@ fn start_gateway(args: &[String], extra: &[&str]) -> Gateway {
         .args(args)
         .args(extra)
         .env("KVROUTE_ADMIN_TOKEN", TOKEN)
+        // The subscriptions' reconnects and failed receives too (debug), for a failed check.
+        .env("RUST_LOG", "info,kvroute_wire=debug")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -608,6 +610,51 @@ fn start_gateway(args: &[String], extra: &[&str]) -> Gateway {
         admin,
         log,
     }
+}
+
+/// Where each pod's event stream stands, for a failed check: what each pod's publisher queued
+/// and sent, what the gateway's index applied of each, and the gateway's wire and index
+/// counters.
+async fn streams(client: &reqwest::Client, gw: &Gateway, port: u16) -> String {
+    let mut out = String::from("the event streams:\n");
+    for ip in POD_IPS {
+        let cache: Value = match client
+            .get(format!("http://{ip}:{port}/admin/cache"))
+            .send()
+            .await
+        {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(e) => json!(e.to_string()),
+        };
+        let publishers: Vec<&Value> = cache["ranks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| &r["publisher"])
+            .collect();
+        out += &format!("  pod {ip}: publishers {publishers:?}\n");
+    }
+    for w in workers(client, gw).await {
+        out += &format!(
+            "  gateway: {} applied up to {} ({} subscriptions)\n",
+            w["name"], w["events_next_seq"], w["subscriptions"]
+        );
+    }
+    let text = match client
+        .get(format!("http://{}/metrics", gw.front))
+        .send()
+        .await
+    {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(e) => e.to_string(),
+    };
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("kvroute_wire") || l.starts_with("kvroute_index_events"))
+    {
+        out += &format!("  {l}\n");
+    }
+    out
 }
 
 async fn workers(client: &reqwest::Client, gw: &Gateway) -> Vec<Value> {
@@ -762,7 +809,7 @@ async fn the_configmap_discovers_the_headless_service_s_pods_by_srv_records_and_
 
     // The pods' event streams joined (a batch published now reaches the gateway), so the
     // first prompt's events are not published before the subscription took hold.
-    common::joined_at(&gw.admin).await;
+    common::joined_at(&gw.admin, Some(TOKEN)).await;
 
     // A prompt, then the same prompt again: predicted cached from the pods' events.
     let prompt: Vec<u32> = (0..256).map(|i| (i * 7 + 3) % 1000 + 3).collect();
@@ -803,11 +850,13 @@ async fn the_configmap_discovers_the_headless_service_s_pods_by_srv_records_and_
         if held {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the pod's events never arrived: {v}\nthe gateway's log:\n{}",
-            gw.log_tail(60)
-        );
+        if Instant::now() >= deadline {
+            panic!(
+                "the pod's events never arrived: {v}\n{}\nthe gateway's log:\n{}",
+                streams(&client, &gw, port).await,
+                gw.log_tail(60)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let again = complete().await;

@@ -205,26 +205,20 @@ pub async fn settle_except(gw: &GatewayHandle, skip: &[&str]) {
 /// `/admin/cache`), leaving out the workers named in `skip`. Fails the test when they do not
 /// meet within [`WAIT`].
 pub async fn settle_at(admin: &str, skip: &[&str]) {
-    let get = |url: String| async move {
-        let r = reqwest::get(&url)
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        r.json::<serde_json::Value>()
-            .await
-            .map_err(|e| format!("{url}: {e}"))
-    };
+    let client = reqwest::Client::new();
     wait_for(
         WAIT,
         "the index to apply every batch the engines queued",
         || async {
-            let view = get(format!("http://{admin}/admin/workers")).await?;
+            let workers = admin_workers_at(&client, admin, None).await?;
             let mut behind = Vec::new();
-            for w in view["workers"].as_array().into_iter().flatten() {
+            for w in &workers {
                 let applied = w["events_next_seq"].as_array().cloned().unwrap_or_default();
                 if applied.is_empty() || skip.iter().any(|n| w["name"] == *n) {
                     continue;
                 }
-                let cache = get(format!("{}/admin/cache", w["url"].as_str().unwrap_or(""))).await?;
+                let url = format!("{}/admin/cache", w["url"].as_str().unwrap_or(""));
+                let cache = json_at(&client, url, None).await?;
                 for (rank, at) in applied.iter().enumerate() {
                     let engine = &cache["ranks"][rank]["publisher"]["next_seq"];
                     if engine.is_u64() && engine != at {
@@ -250,17 +244,54 @@ pub async fn settle_at(admin: &str, skip: &[&str]) {
 /// while needed) until its index is level with it, twice: the first time the subscription's opening
 /// replay may have brought the index level while its subscription had not reached the publisher
 /// yet; the second time only a batch that arrived live can. Use it before the first request on a
-/// fresh gateway whose check needs that request's events; it clears the engines' caches. Fails the
-/// test after [`WAIT`].
-pub async fn joined_at(admin: &str) {
-    let first = level_past(admin, &BTreeMap::new()).await;
-    level_past(admin, &first).await;
+/// fresh gateway whose check needs that request's events; it clears the engines' caches. `token`:
+/// the admin API's bearer token, where it wants one. Fails the test after [`WAIT`].
+pub async fn joined_at(admin: &str, token: Option<&str>) {
+    let first = level_past(admin, token, &BTreeMap::new()).await;
+    level_past(admin, token, &first).await;
+}
+
+/// The JSON a `GET` of `url` answers (with `token` as its bearer token when given); any status
+/// but success is an error carrying the body, so a refused call never reads as an empty answer.
+pub async fn json_at(
+    client: &reqwest::Client,
+    url: String,
+    token: Option<&str>,
+) -> Result<serde_json::Value, String> {
+    let mut req = client.get(&url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+    let status = r.status();
+    let body = r.text().await.map_err(|e| format!("{url}: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("{url}: {status}: {body}"));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("{url}: {e}: {body}"))
+}
+
+/// The workers of the admin API at `admin` (`GET /admin/workers`); an answer without its
+/// `workers` list is an error.
+pub async fn admin_workers_at(
+    client: &reqwest::Client,
+    admin: &str,
+    token: Option<&str>,
+) -> Result<Vec<serde_json::Value>, String> {
+    let view = json_at(client, format!("http://{admin}/admin/workers"), token).await?;
+    match view["workers"].as_array() {
+        Some(ws) => Ok(ws.clone()),
+        None => Err(format!(
+            "/admin/workers answered no list of workers: {view}"
+        )),
+    }
 }
 
 /// Nudges each subscribed simulated worker until its index is level with its engine at a seq
 /// beyond `past` (per worker name and rank); returns the engines' seqs it ended level with.
 async fn level_past(
     admin: &str,
+    token: Option<&str>,
     past: &BTreeMap<(String, usize), u64>,
 ) -> BTreeMap<(String, usize), u64> {
     let client = reqwest::Client::new();
@@ -270,23 +301,13 @@ async fn level_past(
         let nudge = probes % 10 == 1;
         let client = client.clone();
         async move {
-            let get = |url: String| {
-                let client = client.clone();
-                async move {
-                    let r = client
-                        .get(&url)
-                        .send()
-                        .await
-                        .map_err(|e| format!("{url}: {e}"))?;
-                    r.json::<serde_json::Value>()
-                        .await
-                        .map_err(|e| format!("{url}: {e}"))
-                }
-            };
-            let view = get(format!("http://{admin}/admin/workers")).await?;
+            let workers = admin_workers_at(&client, admin, token).await?;
+            if workers.is_empty() {
+                return Err("the gateway has no workers yet".to_string());
+            }
             let mut pending = Vec::new();
             let mut level = BTreeMap::new();
-            for w in view["workers"].as_array().into_iter().flatten() {
+            for w in &workers {
                 let applied = w["events_next_seq"].as_array().cloned().unwrap_or_default();
                 let url = w["url"].as_str().unwrap_or("").to_string();
                 let name = w["name"].as_str().unwrap_or("").to_string();
@@ -295,7 +316,7 @@ async fn level_past(
                     pending.push(format!("{name}: not subscribed yet"));
                     continue;
                 }
-                let cache = get(format!("{url}/admin/cache")).await?;
+                let cache = json_at(&client, format!("{url}/admin/cache"), None).await?;
                 let mut behind = false;
                 for (rank, at) in applied.iter().enumerate() {
                     let engine = cache["ranks"][rank]["publisher"]["next_seq"]
