@@ -98,6 +98,9 @@ pub struct WireStatsSnapshot {
     /// Batches known to be missing (sum of gap widths).
     pub missed_batches: u64,
     pub replay_requests: u64,
+    /// Replay requests made because a (re)connected subscription heard no live batch within
+    /// `SubscriptionConfig::join_check` (counted in `replay_requests` too).
+    pub join_checks: u64,
     pub replay_failures: u64,
     /// Publisher restarts detected (sequence went back).
     pub restarts: u64,
@@ -125,6 +128,7 @@ pub struct WireStats {
     gaps: AtomicU64,
     missed: AtomicU64,
     replay_requests: AtomicU64,
+    join_checks: AtomicU64,
     replay_failures: AtomicU64,
     restarts: AtomicU64,
     reconnects: AtomicU64,
@@ -175,6 +179,7 @@ impl WireStats {
             gaps: AtomicU64::new(0),
             missed: AtomicU64::new(0),
             replay_requests: AtomicU64::new(0),
+            join_checks: AtomicU64::new(0),
             replay_failures: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
@@ -254,6 +259,10 @@ impl WireStats {
 
     pub fn record_replay_request(&self) {
         self.replay_requests.fetch_add(1, Relaxed);
+    }
+
+    pub fn record_join_check(&self) {
+        self.join_checks.fetch_add(1, Relaxed);
     }
 
     pub fn record_replay_failure(&self, worker: &WorkerId, detail: &str) {
@@ -343,6 +352,7 @@ impl WireStats {
             gaps: self.gaps.load(Relaxed),
             missed_batches: self.missed.load(Relaxed),
             replay_requests: self.replay_requests.load(Relaxed),
+            join_checks: self.join_checks.load(Relaxed),
             replay_failures: self.replay_failures.load(Relaxed),
             restarts: self.restarts.load(Relaxed),
             reconnects: self.reconnects.load(Relaxed),

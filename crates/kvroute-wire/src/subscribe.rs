@@ -2,7 +2,8 @@
 //!
 //! Owns: [`SubscriptionConfig`], [`EventSink`] (and the channel-backed [`ChannelSink`]),
 //! [`spawn_subscription`] and its [`SubscriptionHandle`]; the session loop that connects or
-//! binds the SUB socket, asks the replay ROUTER for what it missed, and follows the
+//! binds the SUB socket, asks the replay ROUTER for what it missed (at the start, after a gap or
+//! a reconnect, and once when a fresh connection hears nothing live), and follows the
 //! [`Tracker`]'s verdicts (apply, skip, replay, clear + degraded, restart).
 //! Invariants: events of one (worker, rank) reach the sink in sequence order, re-filed under
 //! the rank implied by the port; whenever batches are known lost the sink first receives a
@@ -55,6 +56,12 @@ pub struct SubscriptionConfig {
     /// replay endpoint, verify the publisher is the same instance). A silent publisher is not
     /// an error; this only notices one that went away, which the SUB socket cannot report.
     pub idle_reconnect: Option<Duration>,
+    /// With a replay endpoint: when no live batch arrived this long after a (re)connect, ask
+    /// the replay endpoint once for what followed the last batch applied. A subscription takes
+    /// a moment to reach the publisher, which meanwhile sends its batches to no one; without
+    /// this check such a loss shows only at the publisher's next batch (a gap), which an idle
+    /// engine may not send for a long time.
+    pub join_check: Option<Duration>,
     /// A warm start: the index already holds this rank up to and including this batch (from a
     /// snapshot). The first session asks the replay endpoint for what followed instead of
     /// clearing; when the replay cannot bridge the gap (no replay endpoint, another publisher
@@ -92,6 +99,7 @@ impl SubscriptionConfig {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             idle_reconnect: Some(Duration::from_secs(30)),
+            join_check: Some(Duration::from_secs(1)),
             resume: None,
         }
     }
@@ -369,13 +377,19 @@ impl Session {
             SocketMode::Connect => self.ctx.cfg.idle_reconnect,
             SocketMode::Bind => None,
         };
+        // The join check is still due: no live message on this socket yet, none made.
+        let mut join_due = self.ctx.replay.is_some() && self.ctx.cfg.join_check.is_some();
         loop {
             let mut stop = self.stop.clone();
             if *stop.borrow() {
                 return Some(End::Stopped);
             }
+            let wait = match (join_due, self.ctx.cfg.join_check) {
+                (true, Some(j)) => Some(idle.map_or(j, |d| d.min(j))),
+                _ => idle,
+            };
             let recv = async {
-                match idle {
+                match wait {
                     Some(d) => tokio::time::timeout(d, sub.recv()).await.ok(),
                     None => Some(sub.recv().await),
                 }
@@ -384,6 +398,18 @@ impl Session {
                 _ = stop.changed() => return Some(End::Stopped),
                 m = recv => m,
             };
+            if join_due {
+                join_due = false;
+                if msg.is_none() {
+                    // Silent since the connect: catch up on what the publisher may have sent
+                    // before the subscription reached it.
+                    self.ctx.stats.record_join_check();
+                    if let Err(ReplayError::Stopped) = self.verify_after_reconnect().await {
+                        return Some(End::Stopped);
+                    }
+                    continue;
+                }
+            }
             match msg {
                 None => {
                     tracing::debug!(worker = %self.worker(), "no message for the idle period; reconnecting");

@@ -261,6 +261,48 @@ async fn a_worker_sending_garbage_never_disturbs_another_and_survives_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_before_the_subscription_reached_the_publisher_is_fetched_without_a_later_one()
+{
+    let mut p = TestPublisher::start(Layout::V032, 0).await;
+    let mut cfg = config("w0", &p, true);
+    cfg.join_check = Some(Duration::from_millis(300));
+    let mut s = subscribe(cfg).await;
+    // Sent to no subscriber (the slow joiner's loss), and nothing after it: no gap shows it.
+    p.publish_unseen(&store(1));
+    s.wait_trace(&["C", "1"]).await;
+    let snap = s.stats.snapshot();
+    assert_eq!(
+        (snap.join_checks, snap.gaps, snap.clears_emitted),
+        (1, 0, 1)
+    );
+    assert_eq!(snap.batches["replayed"], 1);
+    // One check per connect: the live stream goes on as before.
+    p.publish(&store(2)).await;
+    s.wait_trace(&["C", "1", "2"]).await;
+    assert_eq!(s.stats.snapshot().join_checks, 1);
+    s.wait_health(RankHealth::Healthy).await;
+    s.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_that_hears_its_publisher_makes_no_join_check() {
+    let mut p = TestPublisher::start(Layout::V032, 0).await;
+    let mut cfg = config("w0", &p, true);
+    cfg.join_check = Some(Duration::from_millis(500));
+    let mut s = subscribe(cfg).await;
+    p.publish(&store(1)).await;
+    s.wait_trace(&["C", "1"]).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let snap = s.stats.snapshot();
+    assert_eq!(
+        (snap.join_checks, snap.replay_requests),
+        (0, 1),
+        "only the startup replay"
+    );
+    s.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_endpoint_is_retried_until_the_publisher_appears() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("probe")
