@@ -192,16 +192,17 @@ impl Index {
                         .get(at)
                         .is_some_and(|(x, _, _)| Arc::ptr_eq(x, worker) || **x == *w)
                 };
-                let (at, found) = match last {
+                // Where it is or would be, and whether that entry is known to be it.
+                let (at, matched) = match last {
                     // Not ascending: search the whole roster.
-                    Some(l) if w < l => (known.partition_point(|(x, _, _)| &**x < w), None),
-                    Some(_) if same(from + 1) => (from + 1, Some(true)),
-                    _ if same(from) => (from, Some(true)),
-                    _ => (from + gallop(&known[from..], |(x, _, _)| &**x < w), None),
+                    Some(l) if w < l => (known.partition_point(|(x, _, _)| &**x < w), false),
+                    Some(_) if same(from + 1) => (from + 1, true),
+                    _ if same(from) => (from, true),
+                    _ => (from + gallop(&known[from..], |(x, _, _)| &**x < w), false),
                 };
                 (from, last) = (at, Some(w));
                 let (_, d, p) = known.get(at)?;
-                found.unwrap_or_else(|| same(at)).then_some((*d, *p))
+                (matched || same(at)).then_some((*d, *p))
             })
             .collect()
     }

@@ -618,14 +618,10 @@ fn start_gateway(args: &[String], extra: &[&str]) -> Gateway {
 async fn streams(client: &reqwest::Client, gw: &Gateway, port: u16) -> String {
     let mut out = String::from("the event streams:\n");
     for ip in POD_IPS {
-        let cache: Value = match client
-            .get(format!("http://{ip}:{port}/admin/cache"))
-            .send()
+        let url = format!("http://{ip}:{port}/admin/cache");
+        let cache = common::json_at(client, url, None)
             .await
-        {
-            Ok(r) => r.json().await.unwrap_or(Value::Null),
-            Err(e) => json!(e.to_string()),
-        };
+            .unwrap_or_else(|e| json!(e));
         let publishers: Vec<&Value> = cache["ranks"]
             .as_array()
             .into_iter()
@@ -634,11 +630,16 @@ async fn streams(client: &reqwest::Client, gw: &Gateway, port: u16) -> String {
             .collect();
         out += &format!("  pod {ip}: publishers {publishers:?}\n");
     }
-    for w in workers(client, gw).await {
-        out += &format!(
-            "  gateway: {} applied up to {} ({} subscriptions)\n",
-            w["name"], w["events_next_seq"], w["subscriptions"]
-        );
+    match common::admin_workers_at(client, &gw.admin, Some(TOKEN)).await {
+        Ok(workers) => {
+            for w in workers {
+                out += &format!(
+                    "  gateway: {} applied up to {} ({} subscriptions)\n",
+                    w["name"], w["events_next_seq"], w["subscriptions"]
+                );
+            }
+        }
+        Err(e) => out += &format!("  gateway: {e}\n"),
     }
     let text = match client
         .get(format!("http://{}/metrics", gw.front))
@@ -657,15 +658,12 @@ async fn streams(client: &reqwest::Client, gw: &Gateway, port: u16) -> String {
     out
 }
 
+/// The gateway's workers (`GET /admin/workers` with the admin token); fails the test on a
+/// refused call.
 async fn workers(client: &reqwest::Client, gw: &Gateway) -> Vec<Value> {
-    let r = client
-        .get(format!("http://{}/admin/workers", gw.admin))
-        .bearer_auth(TOKEN)
-        .send()
+    common::admin_workers_at(client, &gw.admin, Some(TOKEN))
         .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
-    v["workers"].as_array().cloned().unwrap_or_default()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
